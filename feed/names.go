@@ -1,0 +1,212 @@
+package feed
+
+import (
+	"bytes"
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// Limits of the validated values. They are part of the contract: every store
+// and sink may rely on them (a key fits an Elasticsearch _id, a name fits a
+// metric label and a NOTIFY payload, a reason fits a log line).
+const (
+	// MaxNameLen is the longest feed or sink name, in bytes.
+	MaxNameLen = 128
+	// MaxKeyLen is the longest key, in bytes (Elasticsearch's _id limit).
+	MaxKeyLen = 512
+	// MaxReasonLen is the longest park reason, in bytes. CleanReason cuts to it.
+	MaxReasonLen = 1024
+	// MaxBatchLimit is the largest batch a reader hands out at once. It bounds
+	// the memory a worker needs whatever the feed's size.
+	MaxBatchLimit = 100_000
+)
+
+// FeedName names a feed. Build one with ParseFeedName; see validName for the
+// rule. The zero value is not a valid name.
+type FeedName string
+
+// SinkName names a sink of a feed; the same rule as FeedName.
+type SinkName string
+
+// Key identifies one document of a feed. Build one with ParseKey. A key is 1 to
+// MaxKeyLen bytes of valid UTF-8 with no NUL byte; anything else a sink can
+// store (spaces, slashes, non-Latin letters) is allowed.
+type Key string
+
+// SinkID is one sink of one feed: the unit a lease, a cursor and a parked list
+// belong to.
+type SinkID struct {
+	Feed FeedName
+	Sink SinkName
+}
+
+func (id SinkID) String() string { return string(id.Feed) + "/" + string(id.Sink) }
+
+// Validate checks both names.
+func (id SinkID) Validate() error {
+	if err := id.Feed.Validate(); err != nil {
+		return err
+	}
+	return id.Sink.Validate()
+}
+
+// ParseFeedName validates s as a feed name.
+func ParseFeedName(s string) (FeedName, error) {
+	if err := validName("feed name", s); err != nil {
+		return "", err
+	}
+	return FeedName(s), nil
+}
+
+// ParseSinkName validates s as a sink name.
+func ParseSinkName(s string) (SinkName, error) {
+	if err := validName("sink name", s); err != nil {
+		return "", err
+	}
+	return SinkName(s), nil
+}
+
+// ParseKey validates s as a key.
+func ParseKey(s string) (Key, error) {
+	if err := validKey("key", s); err != nil {
+		return "", err
+	}
+	return Key(s), nil
+}
+
+// Validate reports whether n follows the name rule; stores call it on every
+// name they are handed, since a FeedName can be converted from any string.
+func (n FeedName) Validate() error { return validName("feed name", string(n)) }
+
+// Validate reports whether n follows the name rule.
+func (n SinkName) Validate() error { return validName("sink name", string(n)) }
+
+// Validate reports whether k follows the key rule.
+func (k Key) Validate() error { return validKey("key", string(k)) }
+
+// validName is the one home of the name rule: 1 to MaxNameLen bytes of ASCII
+// letters, digits, '_', '-', '.' and ':', starting with a letter or digit. Names
+// end up in metric labels, log fields, NOTIFY payloads, index and key prefixes
+// and file names, so they are kept to characters that need no escaping there.
+func validName(field, s string) error {
+	switch {
+	case s == "":
+		return Invalid(field, "must not be empty")
+	case len(s) > MaxNameLen:
+		return Invalid(field, "is %d bytes long, more than the %d allowed", len(s), MaxNameLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if i == 0 && !alnum {
+			return Invalid(field, "%q must start with an ASCII letter or digit", s)
+		}
+		if !alnum && c != '_' && c != '-' && c != '.' && c != ':' {
+			if c < 0x20 || c >= 0x7f {
+				return Invalid(field, "has the byte 0x%02x at offset %d; only ASCII letters, digits, '_', '-', '.' and ':' are allowed", c, i)
+			}
+			return Invalid(field, "%q has %q at offset %d; only ASCII letters, digits, '_', '-', '.' and ':' are allowed", s, c, i)
+		}
+	}
+	return nil
+}
+
+// validKey is the one home of the key rule (see Key).
+func validKey(field, s string) error {
+	switch {
+	case s == "":
+		return Invalid(field, "must not be empty")
+	case len(s) > MaxKeyLen:
+		return Invalid(field, "is %d bytes long, more than the %d allowed", len(s), MaxKeyLen)
+	case !utf8.ValidString(s):
+		return Invalid(field, "is not valid UTF-8")
+	}
+	if i := bytes.IndexByte([]byte(s), 0); i >= 0 {
+		return Invalid(field, "has a NUL byte at offset %d", i)
+	}
+	return nil
+}
+
+// ValidateDocument checks the document rule: a document is one valid JSON value
+// other than null (a deletion is a nil document, never JSON null, so the two
+// cannot be confused), with no \u0000 escape in any string (PostgreSQL's jsonb
+// cannot store one, and a document must read back the same from every store).
+// field names the input in the error.
+func ValidateDocument(field string, doc json.RawMessage) error {
+	if doc == nil {
+		return Invalid(field, "is nil; use a deletion (a nil document in a Change) to delete a key")
+	}
+	if !json.Valid(doc) {
+		return Invalid(field, "is not valid JSON")
+	}
+	if string(bytes.TrimSpace(doc)) == "null" {
+		return Invalid(field, "is JSON null; delete the key instead")
+	}
+	if at := nulEscape(doc); at >= 0 {
+		return Invalid(field, "has a \\u0000 escape at offset %d, which PostgreSQL's jsonb cannot store", at)
+	}
+	return nil
+}
+
+// nulEscape returns the offset of the first \u0000 escape inside a string of
+// the valid JSON doc, or -1. An escaped backslash followed by "u0000" is text,
+// not an escape, so the scan follows escapes rather than searching bytes.
+func nulEscape(doc []byte) int {
+	inString := false
+	for i := 0; i < len(doc); i++ {
+		c := doc[i]
+		if !inString {
+			if c == '"' {
+				inString = true
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			if i+1 < len(doc) && doc[i+1] == 'u' && i+5 < len(doc) && string(doc[i+2:i+6]) == "0000" {
+				return i
+			}
+			i++ // skip the escaped character
+		}
+	}
+	return -1
+}
+
+// CleanReason makes s acceptable as a park reason: invalid UTF-8 and NUL bytes
+// become U+FFFD, and it is cut at a character boundary to MaxReasonLen bytes.
+// A sink's error text is arbitrary; the driver passes it through this before it
+// parks a record, so a rejection is never itself refused.
+func CleanReason(s string) string {
+	if s == "" {
+		return "rejected by the sink (no reason given)"
+	}
+	var b []byte
+	for _, r := range s { // ranging replaces invalid bytes with U+FFFD
+		if r == 0 {
+			r = utf8.RuneError
+		}
+		if len(b)+utf8.RuneLen(r) > MaxReasonLen {
+			break
+		}
+		b = utf8.AppendRune(b, r)
+	}
+	return string(b)
+}
+
+// validReason checks a park reason against the rule CleanReason establishes.
+func validReason(field, s string) error {
+	switch {
+	case s == "":
+		return Invalid(field, "must not be empty")
+	case len(s) > MaxReasonLen:
+		return Invalid(field, "is %d bytes long, more than the %d allowed", len(s), MaxReasonLen)
+	case !utf8.ValidString(s):
+		return Invalid(field, "is not valid UTF-8")
+	}
+	if i := bytes.IndexByte([]byte(s), 0); i >= 0 {
+		return Invalid(field, "has a NUL byte at offset %d", i)
+	}
+	return nil
+}

@@ -1,0 +1,242 @@
+package feed
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Seq numbers a feed's rows. Per feed it rises strictly in commit order, is
+// never reused by a committed row, and is not reset by a new generation, so a
+// cursor of an older generation is always below every row of the current one.
+// The first row of a feed has seq 1; seq 0 means "before everything".
+type Seq int64
+
+// Generation counts a feed's rebuilds. It starts at 1; a rebuild moves it on
+// and empties the feed in the same transaction.
+type Generation int64
+
+// FirstGeneration is the generation of a feed that was never rebuilt.
+const FirstGeneration Generation = 1
+
+// Cursor is where a sink stands: the generation and seq of the last record it
+// durably applied. The zero Cursor means "no cursor": the sink has never
+// finished a resync, and must do one.
+type Cursor struct {
+	Generation Generation
+	Seq        Seq
+}
+
+// IsZero reports whether c is the absent cursor.
+func (c Cursor) IsZero() bool { return c == Cursor{} }
+
+func (c Cursor) String() string {
+	if c.IsZero() {
+		return "none"
+	}
+	return fmt.Sprintf("g%d@%d", c.Generation, c.Seq)
+}
+
+// validate checks a cursor that is present: generation ≥ 1, seq ≥ 0.
+func (c Cursor) validate(field string) error {
+	if c.Generation < FirstGeneration {
+		return Invalid(field+".generation", "is %d; generations start at 1", c.Generation)
+	}
+	if c.Seq < 0 {
+		return Invalid(field+".seq", "is %d; seqs are never negative", c.Seq)
+	}
+	return nil
+}
+
+// Record is one row of a feed as a reader hands it out: the latest version of
+// its key at seq. A nil Doc is a tombstone: the key was deleted.
+type Record struct {
+	Key Key
+	Seq Seq
+	Doc json.RawMessage
+}
+
+// Deleted reports whether r is a tombstone.
+func (r Record) Deleted() bool { return r.Doc == nil }
+
+// Change is one write to a feed: a document for a key, or its deletion when Doc
+// is nil. Build them with Put and Delete.
+type Change struct {
+	Key Key
+	Doc json.RawMessage
+}
+
+// Put is a change that sets key's document.
+func Put(key Key, doc json.RawMessage) Change { return Change{Key: key, Doc: doc} }
+
+// Delete is a change that deletes key.
+func Delete(key Key) Change { return Change{Key: key} }
+
+// PrepareChanges validates changes and compacts them to one change per key, the
+// last one given for that key, keeping the order of each key's last change.
+// Writers call it before they write anything: one bad change refuses the whole
+// batch. An empty batch is valid and writes nothing.
+func PrepareChanges(changes []Change) ([]Change, error) {
+	last := make(map[Key]int, len(changes))
+	for i, c := range changes {
+		field := fmt.Sprintf("changes[%d]", i)
+		if err := validKey(field+".key", string(c.Key)); err != nil {
+			return nil, err
+		}
+		if c.Doc != nil {
+			if err := ValidateDocument(field+".doc", c.Doc); err != nil {
+				return nil, err
+			}
+		}
+		last[c.Key] = i
+	}
+	if len(last) == len(changes) {
+		return changes, nil
+	}
+	out := make([]Change, 0, len(last))
+	for i, c := range changes {
+		if last[c.Key] == i {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// WriteResult says where a write landed: its generation and the contiguous seq
+// range handed to its changes, in the order PrepareChanges left them. An empty
+// write has First = Last = 0.
+type WriteResult struct {
+	Generation Generation
+	First      Seq
+	Last       Seq
+}
+
+// Batch is what a reader hands out for one read: records in ascending seq
+// order, all of Generation, and the feed's Head, all read in one snapshot. A
+// batch never holds two records of one key.
+type Batch struct {
+	Generation Generation
+	Head       Seq
+	Records    []Record
+}
+
+// LeaseHolder identifies one lease taken: a random id, fresh for every take.
+type LeaseHolder string
+
+// ParkedRecord is a record a sink refused for the record's own sake, kept per
+// (feed, sink, key) with the seq it was refused at and the sink's reason.
+type ParkedRecord struct {
+	Key      Key
+	Seq      Seq
+	Reason   string
+	ParkedAt time.Time
+}
+
+// ParkChange is what a cursor move does to the sink's parked list, atomically
+// with the move. With Replace, the list becomes exactly Park (a resync's
+// outcome). Otherwise the keys in Unpark are removed first, then each record of
+// Park is added, overwriting a record already parked for its key; a key in both
+// ends up parked. Within Park, the last record for a key wins.
+type ParkChange struct {
+	Replace bool
+	Park    []ParkedRecord
+	Unpark  []Key
+}
+
+// CursorMove is a fenced compare-and-set of a sink's cursor. It lands only when
+// Holder is the lease holder recorded for the sink and the cursor is Expected
+// (the zero Cursor when the sink has none); then the cursor becomes Next and the
+// parked list changes by Parked, in one atomic step. Otherwise nothing changes
+// and the store returns a *CursorSupersededError.
+type CursorMove struct {
+	ID       SinkID
+	Holder   LeaseHolder
+	Expected Cursor
+	Next     Cursor
+	Parked   ParkChange
+}
+
+// Validate checks everything a store can check before it touches its state.
+// Stores call it first.
+func (m CursorMove) Validate() error {
+	if err := m.ID.Validate(); err != nil {
+		return err
+	}
+	if m.Holder == "" {
+		return Invalid("move.holder", "must not be empty")
+	}
+	if !m.Expected.IsZero() {
+		if err := m.Expected.validate("move.expected"); err != nil {
+			return err
+		}
+	}
+	if err := m.Next.validate("move.next"); err != nil {
+		return err
+	}
+	for i, k := range m.Parked.Unpark {
+		if err := validKey(fmt.Sprintf("move.parked.unpark[%d]", i), string(k)); err != nil {
+			return err
+		}
+	}
+	for i, p := range m.Parked.Park {
+		field := fmt.Sprintf("move.parked.park[%d]", i)
+		if err := validKey(field+".key", string(p.Key)); err != nil {
+			return err
+		}
+		if p.Seq < 1 {
+			return Invalid(field+".seq", "is %d; a parked record has the seq of a real row (≥ 1)", p.Seq)
+		}
+		if err := validReason(field+".reason", p.Reason); err != nil {
+			return err
+		}
+		if p.ParkedAt.IsZero() {
+			return Invalid(field+".parked_at", "must be set")
+		}
+	}
+	return nil
+}
+
+// LeaseState is the lease recorded on a sink's cursor row, as describe reports
+// it. ExpiresAt is zero for an advisory-lock holder, which has no expiry: its
+// lease lasts as long as its database session.
+type LeaseState struct {
+	Holder    LeaseHolder
+	ExpiresAt time.Time
+}
+
+// SinkState is one registered sink in a Description.
+type SinkState struct {
+	Sink SinkName
+	// Cursor is the zero Cursor when the sink has never finished a resync.
+	Cursor Cursor
+	// LastAdvance is when the cursor last moved; zero when it never has.
+	LastAdvance time.Time
+	// Lease is nil when no holder is recorded. A recorded holder whose
+	// ExpiresAt has passed has lapsed, and any worker may take the lease.
+	Lease *LeaseState
+	// Parked is the sink's parked list, in key order.
+	Parked []ParkedRecord
+	// Pending counts the feed's rows (documents and tombstones) above the
+	// cursor's seq: what the sink has still to see.
+	Pending int64
+}
+
+// Description is an operator's report of one feed. Its figures may come from
+// more than one snapshot (a batch older or newer than each other); it is for
+// reading, and no decision is taken on it.
+type Description struct {
+	Feed       FeedName
+	Generation Generation
+	Head       Seq
+	// Sinks are the registered sinks, in name order.
+	Sinks []SinkState
+}
+
+// Rejection is a sink's refusal of one record for the record's own sake (the
+// target refuses that document). The record is parked with Reason; the sink
+// moves on.
+type Rejection struct {
+	Key    Key
+	Seq    Seq
+	Reason string
+}
