@@ -29,7 +29,7 @@ type Config struct {
 	// took it, or it was removed), and an error when it could not tell.
 	Renew func(ctx context.Context, at time.Time) (bool, error)
 	// Clear clears this holder from the row, when the row still names it.
-	Clear func(ctx context.Context) error
+	Clear  func(ctx context.Context) error
 	Logger *slog.Logger
 }
 
