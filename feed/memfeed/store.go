@@ -1,0 +1,422 @@
+package memfeed
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// Options configure a Store. The zero value is valid and means all defaults.
+type Options struct {
+	// Lease holds the lease-row timings. Zero fields take the defaults of
+	// feed.LeaseOptions.
+	Lease feed.LeaseOptions
+	// Clock is the time the store stamps and compares with, and its leases'
+	// timers run on. Defaults to feed.SystemClock.
+	Clock feed.Clock
+	// Logger receives lease renewal failures. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is an in-memory feed and sync store for any number of feeds. It
+// implements feed.Writer[*Tx], feed.Reader and feed.SyncStore, and is safe for
+// concurrent use. One mutex guards all state; every operation holds it for its
+// whole length, which is what makes each one atomic and the whole store easy to
+// check by reading.
+type Store struct {
+	lease  feed.LeaseOptions
+	clock  feed.Clock
+	logger *slog.Logger
+	faults faultSet
+
+	mu    sync.Mutex
+	feeds map[feed.FeedName]*feedState
+}
+
+// feedState is one feed: its rows, its sinks and its lock.
+type feedState struct {
+	generation feed.Generation
+	head       feed.Seq // highest seq of a committed row
+	rows       map[feed.Key]row
+	// order lists seqs ascending; bySeq says which key a seq still belongs to.
+	// An update or restamp leaves its old seq in order, stale, skipped on read
+	// and swept out once stale entries are the majority.
+	order []feed.Seq
+	bySeq map[feed.Seq]feed.Key
+
+	// lock is the feed lock: a writer's transaction takes it on its first
+	// write and holds it to commit or rollback, so seqs are handed out in
+	// commit order. It is a channel so that waiting for it honours a context.
+	lock  chan struct{}
+	subs  map[*subscription]struct{}
+	sinks map[feed.SinkName]*sinkState
+}
+
+type row struct {
+	seq feed.Seq
+	doc []byte // nil: tombstone
+}
+
+type sinkState struct {
+	cursor      feed.Cursor
+	lastAdvance time.Time
+	holder      feed.LeaseHolder
+	expires     time.Time
+	parked      map[feed.Key]feed.ParkedRecord
+}
+
+// New returns an empty store, or an *feed.InvalidError for bad options.
+func New(opts Options) (*Store, error) {
+	lease, err := opts.Lease.Resolve("lease")
+	if err != nil {
+		return nil, err
+	}
+	if opts.Clock == nil {
+		opts.Clock = feed.SystemClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Store{
+		lease:  lease,
+		clock:  opts.Clock,
+		logger: opts.Logger,
+		feeds:  make(map[feed.FeedName]*feedState),
+	}, nil
+}
+
+// feedLocked returns the state of f, creating an empty one: a feed that was
+// never written reads as empty at generation 1. s.mu must be held.
+func (s *Store) feedLocked(f feed.FeedName) *feedState {
+	fs := s.feeds[f]
+	if fs == nil {
+		fs = &feedState{
+			generation: feed.FirstGeneration,
+			rows:       make(map[feed.Key]row),
+			bySeq:      make(map[feed.Seq]feed.Key),
+			lock:       make(chan struct{}, 1),
+			subs:       make(map[*subscription]struct{}),
+			sinks:      make(map[feed.SinkName]*sinkState),
+		}
+		s.feeds[f] = fs
+	}
+	return fs
+}
+
+// lockFeed takes f's feed lock, waiting while another transaction holds it.
+func (s *Store) lockFeed(ctx context.Context, f feed.FeedName) (*feedState, error) {
+	s.mu.Lock()
+	fs := s.feedLocked(f)
+	s.mu.Unlock()
+	if s.faults.writeSkipsFeedLock {
+		return fs, nil
+	}
+	select {
+	case fs.lock <- struct{}{}:
+		return fs, nil
+	case <-ctx.Done():
+		return nil, feed.WriteFailed("waiting for the lock of feed "+string(f), ctx.Err())
+	}
+}
+
+func (s *Store) unlockFeed(fs *feedState) {
+	if s.faults.writeSkipsFeedLock {
+		return
+	}
+	<-fs.lock
+}
+
+// put stores r for key, at a seq above every other. s.mu must be held.
+func (fs *feedState) put(key feed.Key, r row) {
+	if old, ok := fs.rows[key]; ok {
+		delete(fs.bySeq, old.seq)
+	}
+	fs.rows[key] = r
+	fs.bySeq[r.seq] = key
+	fs.order = append(fs.order, r.seq)
+	if len(fs.order) > 64 && len(fs.order) > 2*len(fs.rows) {
+		fs.order = slices.DeleteFunc(fs.order, func(q feed.Seq) bool { _, ok := fs.bySeq[q]; return !ok })
+	}
+}
+
+// remove deletes key's row outright (collection, rebuild). s.mu must be held.
+func (fs *feedState) remove(key feed.Key) {
+	if old, ok := fs.rows[key]; ok {
+		delete(fs.bySeq, old.seq)
+		delete(fs.rows, key)
+	}
+}
+
+func (fs *feedState) wake() {
+	for sub := range fs.subs {
+		sub.signal()
+	}
+}
+
+// Tx is an in-memory transaction: the writes a caller stages with Write become
+// visible together at Commit, or not at all. Like a database transaction it
+// holds the lock of every feed it wrote until it ends, so always end it.
+type Tx struct {
+	s      *Store
+	mu     sync.Mutex
+	done   bool
+	locked map[feed.FeedName]*txFeed
+	order  []feed.FeedName
+}
+
+// txFeed is what a transaction has staged for one feed.
+type txFeed struct {
+	fs         *feedState
+	generation feed.Generation // as the transaction sees it
+	head       feed.Seq        // ditto
+	reset      bool            // the rows before the transaction are gone
+	writes     []row
+	keys       []feed.Key
+}
+
+// Begin starts a transaction.
+func (s *Store) Begin() *Tx {
+	return &Tx{s: s, locked: make(map[feed.FeedName]*txFeed)}
+}
+
+// join takes f's feed lock for tx on its first use.
+func (tx *Tx) join(ctx context.Context, f feed.FeedName) (*txFeed, error) {
+	if tx.done {
+		return nil, feed.Invalid("tx", "the transaction has already ended")
+	}
+	if tf := tx.locked[f]; tf != nil {
+		return tf, nil
+	}
+	fs, err := tx.s.lockFeed(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	tx.s.mu.Lock()
+	tf := &txFeed{fs: fs, generation: fs.generation, head: fs.head}
+	tx.s.mu.Unlock()
+	tx.locked[f] = tf
+	tx.order = append(tx.order, f)
+	return tf, nil
+}
+
+// Write stages changes to f in tx; see feed.Writer.
+func (s *Store) Write(ctx context.Context, tx *Tx, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
+	if tx == nil || tx.s != s {
+		return feed.WriteResult{}, feed.Invalid("tx", "is not a transaction of this store")
+	}
+	if err := f.Validate(); err != nil {
+		return feed.WriteResult{}, err
+	}
+	changes, err := feed.PrepareChanges(changes)
+	if err != nil || len(changes) == 0 {
+		return feed.WriteResult{}, err
+	}
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	tf, err := tx.join(ctx, f)
+	if err != nil {
+		return feed.WriteResult{}, err
+	}
+	res := feed.WriteResult{Generation: tf.generation, First: tf.head + 1}
+	for _, c := range changes {
+		tf.head++
+		tf.writes = append(tf.writes, row{seq: tf.head, doc: clone(c.Doc)})
+		tf.keys = append(tf.keys, c.Key)
+	}
+	res.Last = tf.head
+	return res, nil
+}
+
+// WriteCommitted writes changes to f in a transaction of their own.
+func (s *Store) WriteCommitted(ctx context.Context, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
+	tx := s.Begin()
+	defer tx.Rollback()
+	res, err := s.Write(ctx, tx, f, changes)
+	if err != nil {
+		return res, err
+	}
+	return res, tx.Commit()
+}
+
+// ResetFeed stages a rebuild's feed half in tx: under the feed lock, the
+// generation moves on and every row of the feed goes, at commit. Seqs are not
+// reset, so rows written after it are above every cursor of the old generation.
+func (tx *Tx) ResetFeed(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	tf, err := tx.join(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	tf.generation++
+	tf.reset = true
+	tf.writes, tf.keys = nil, nil
+	return tf.generation, nil
+}
+
+// Commit makes the staged writes visible at once, wakes the feeds'
+// subscribers and releases the feed locks.
+func (tx *Tx) Commit() error {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return feed.Invalid("tx", "the transaction has already ended")
+	}
+	tx.done = true
+	s := tx.s
+	s.mu.Lock()
+	for _, f := range tx.order {
+		tf := tx.locked[f]
+		fs := tf.fs
+		if tf.reset {
+			fs.rows = make(map[feed.Key]row)
+			fs.bySeq = make(map[feed.Seq]feed.Key)
+			fs.order = nil
+			fs.generation = tf.generation
+		}
+		for i, r := range tf.writes {
+			fs.put(tf.keys[i], r)
+		}
+		if tf.head > fs.head {
+			fs.head = tf.head
+		}
+		if len(tf.writes) > 0 || tf.reset {
+			fs.wake()
+		}
+	}
+	s.mu.Unlock()
+	tx.release()
+	return nil
+}
+
+// Rollback drops the staged writes and releases the feed locks. It is safe to
+// call after Commit, which makes it a fit for defer.
+func (tx *Tx) Rollback() {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return
+	}
+	tx.done = true
+	tx.release()
+}
+
+func (tx *Tx) release() {
+	for _, f := range tx.order {
+		tx.s.unlockFeed(tx.locked[f].fs)
+	}
+	tx.locked, tx.order = nil, nil
+}
+
+// Head returns f's head; see feed.Reader.
+func (s *Store) Head(_ context.Context, f feed.FeedName) (feed.Seq, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.feedLocked(f).head, nil
+}
+
+// Generation returns f's generation; see feed.Reader.
+func (s *Store) Generation(_ context.Context, f feed.FeedName) (feed.Generation, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.feedLocked(f).generation, nil
+}
+
+// ReadBatch returns up to limit records after seq after; see feed.Reader.
+func (s *Store) ReadBatch(_ context.Context, f feed.FeedName, after feed.Seq, limit int) (feed.Batch, error) {
+	if err := f.Validate(); err != nil {
+		return feed.Batch{}, err
+	}
+	if err := validateRead(after, limit); err != nil {
+		return feed.Batch{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs := s.feedLocked(f)
+	b := feed.Batch{Generation: fs.generation, Head: fs.head}
+	if s.faults.readSkipsGeneration {
+		b.Generation = feed.FirstGeneration
+	}
+	for i := sort.Search(len(fs.order), func(i int) bool { return fs.order[i] > after }); i < len(fs.order) && len(b.Records) < limit; i++ {
+		key, ok := fs.bySeq[fs.order[i]]
+		if !ok {
+			continue
+		}
+		r := fs.rows[key]
+		b.Records = append(b.Records, feed.Record{Key: key, Seq: r.seq, Doc: clone(r.doc)})
+	}
+	return b, nil
+}
+
+func validateRead(after feed.Seq, limit int) error {
+	if after < 0 {
+		return feed.Invalid("after", "is %d; seqs are never negative", after)
+	}
+	if limit < 1 || limit > feed.MaxBatchLimit {
+		return feed.Invalid("limit", "is %d; it must be 1 to %d", limit, feed.MaxBatchLimit)
+	}
+	return nil
+}
+
+// Subscribe returns a subscription signalled after every commit to f.
+func (s *Store) Subscribe(_ context.Context, f feed.FeedName) (feed.Subscription, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sub := &subscription{c: make(chan struct{}, 1), s: s, fs: s.feedLocked(f)}
+	sub.fs.subs[sub] = struct{}{}
+	return sub, nil
+}
+
+type subscription struct {
+	c  chan struct{}
+	s  *Store
+	fs *feedState
+}
+
+func (sub *subscription) C() <-chan struct{} { return sub.c }
+
+func (sub *subscription) signal() {
+	select {
+	case sub.c <- struct{}{}:
+	default: // a signal is already waiting: wake-ups coalesce
+	}
+}
+
+func (sub *subscription) Close() {
+	sub.s.mu.Lock()
+	defer sub.s.mu.Unlock()
+	delete(sub.fs.subs, sub)
+}
+
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}
+
+// newHolder returns a fresh random lease holder id.
+func newHolder() feed.LeaseHolder {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return feed.LeaseHolder("mem-row:" + hex.EncodeToString(b[:]))
+}
