@@ -1,0 +1,596 @@
+package syncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// releaseTimeout bounds the lease release and the abort of an unfinished
+// resync target once the worker's context has ended.
+const releaseTimeout = 5 * time.Second
+
+// SinkError is a failed sink call: the sink returned an error, panicked, or
+// broke its contract (a rejection of a record it was not sent). The worker
+// treats it as an infrastructure fault: it backs off and sends again, and the
+// cursor does not move meanwhile.
+type SinkError struct {
+	ID feed.SinkID
+	// Op is the call: "apply", "open resync", "apply resync" or "publish".
+	Op  string
+	Err error
+}
+
+func (e *SinkError) Error() string {
+	return fmt.Sprintf("feed %q sink %q: %s: %v", e.ID.Feed, e.ID.Sink, e.Op, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *SinkError) Unwrap() error { return e.Err }
+
+// errGenerationMoved restarts a resync whose feed moved to a new generation
+// while it streamed. It is not a fault: the resync starts again at once.
+var errGenerationMoved = errors.New("generation moved during the resync")
+
+// Worker keeps one sink in step with one feed. Build one with NewWorker and
+// call Run; a Runner supervises many.
+//
+// # The state machine
+//
+//	acquiring ─ held by a rival ─▶ standby ─ jittered wait ─▶ acquiring
+//	acquiring ─ taken ─▶ read cursor and parked list
+//	  cursor absent or of an older generation ─▶ resyncing ─ published ─▶ sending
+//	  otherwise ─▶ sending ─ nothing after the cursor ─▶ idle ─ wake-up or poll ─▶ sending
+//	  any fault ─▶ backoff ─▶ re-read cursor and parked list, carry on under the same lease
+//	  lease lost or cursor superseded ─▶ release the lease ─▶ acquiring
+//	  context ended ─▶ release the lease ─▶ stopped
+//
+// A batch whose generation is newer than the cursor's sends the worker to
+// resyncing; a resync whose feed moves on mid-stream aborts its target and
+// starts again.
+//
+// # What it guarantees
+//
+// The cursor moves only after the sink applied everything up to it, and only
+// by this worker's lease (the store fences the move by holder). EnsureHeld is
+// asked before every sink call that changes the sink, and every sink call runs
+// under Options.SinkTimeout, so a lost lease costs at most the one call in
+// flight (feed.LeaseOptions has the arithmetic). Faults never move the cursor
+// and never end Run: they back off and try again.
+type Worker struct {
+	id      feed.SinkID
+	reader  feed.Reader
+	store   feed.SyncStore
+	sink    feed.Sink
+	opts    Options
+	log     *slog.Logger
+	running atomic.Bool
+
+	mu    sync.Mutex
+	state State
+}
+
+// NewWorker builds a worker that mirrors the feed id.Feed into sink, whose
+// cursor, parked list and lease the store keeps under id. reader and store are
+// usually the same value (memfeed.Store, pgfeed's store).
+func NewWorker(reader feed.Reader, store feed.SyncStore, id feed.SinkID, sink feed.Sink, opts Options) (*Worker, error) {
+	switch {
+	case reader == nil:
+		return nil, feed.Invalid("reader", "must not be nil")
+	case store == nil:
+		return nil, feed.Invalid("store", "must not be nil")
+	case sink == nil:
+		return nil, feed.Invalid("sink", "must not be nil")
+	}
+	if err := id.Validate(); err != nil {
+		return nil, err
+	}
+	opts, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return newWorker(reader, store, id, sink, opts), nil
+}
+
+// newWorker builds a worker from resolved options.
+func newWorker(reader feed.Reader, store feed.SyncStore, id feed.SinkID, sink feed.Sink, opts Options) *Worker {
+	return &Worker{
+		id:     id,
+		reader: reader,
+		store:  store,
+		sink:   sink,
+		opts:   opts,
+		log:    opts.Logger.With("feed", string(id.Feed), "sink", string(id.Sink)),
+		state:  State{ID: id, Phase: PhaseStarting},
+	}
+}
+
+// ID is the sink the worker keeps in step.
+func (w *Worker) ID() feed.SinkID { return w.id }
+
+// State returns a snapshot of the worker. It takes a lock the worker holds only
+// to copy figures in, never across a call, so it does not wait on the worker's
+// work.
+func (w *Worker) State() State {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state
+}
+
+func (w *Worker) update(f func(*State)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f(&w.state)
+}
+
+func (w *Worker) setPhase(p Phase) { w.update(func(s *State) { s.Phase = p }) }
+
+// Run keeps the sink in step until ctx ends, then releases the lease and
+// returns nil. It never returns on a fault: it backs off and tries again. It
+// returns an error only when the worker is already running.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("syncer: the worker of %v is already running", w.id)
+	}
+	defer w.running.Store(false)
+	defer w.update(func(s *State) { s.Phase = PhaseStopped; s.LeaseHeld = false; s.Holder = "" })
+	failures := 0
+	for ctx.Err() == nil {
+		w.setPhase(PhaseAcquiring)
+		lctx, cancel := context.WithCancel(ctx)
+		lease, err := w.store.AcquireLease(lctx, w.id)
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(err, feed.ErrLeaseHeld) {
+				failures = 0
+				w.setPhase(PhaseStandby)
+				w.sleep(ctx, jitter(w.opts.LeaseRetry, 0.5, 1.5))
+				continue
+			}
+			failures++
+			w.fault(ctx, fmt.Errorf("taking the lease: %w", err))
+			w.backoff(ctx, failures)
+			continue
+		}
+		failures = 0
+		w.session(lctx, lease)
+		w.release(ctx, lease)
+		cancel()
+	}
+	return nil
+}
+
+// release gives the lease up, even when ctx has ended: a worker shutting down
+// frees the sink at once rather than leave the lease to lapse.
+func (w *Worker) release(ctx context.Context, lease feed.Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := lease.Release(rctx); err != nil {
+		w.log.Warn("feed lease release failed; it will lapse", "holder", string(lease.Holder()), "error", err)
+	}
+	w.update(func(s *State) { s.LeaseHeld = false; s.Holder = "" })
+}
+
+// session is one lease's worth of work. The cursor and the parked list are
+// read at the start and after every fault, and kept in step with the worker's
+// own moves in between: only the lease holder moves them (an operator's retry
+// only unparks, which leaves the worker's view a superset, and unparking a key
+// that is not parked is harmless).
+type session struct {
+	w      *Worker
+	lease  feed.Lease
+	sub    feed.Subscription
+	fresh  bool // cursor and parked were read since the last fault
+	cursor feed.Cursor
+	parked map[feed.Key]feed.Seq
+}
+
+func (w *Worker) session(ctx context.Context, lease feed.Lease) {
+	s := &session{w: w, lease: lease}
+	defer func() {
+		if s.sub != nil {
+			s.sub.Close()
+		}
+	}()
+	w.update(func(st *State) { st.LeaseHeld = true; st.Holder = lease.Holder() })
+	w.log.Debug("feed lease taken", "holder", string(lease.Holder()))
+	failures := 0
+	for ctx.Err() == nil {
+		idle, err := s.step(ctx)
+		switch {
+		case err == nil:
+			failures = 0
+			if idle {
+				s.wait(ctx)
+			}
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, feed.ErrLeaseLost) || errors.Is(err, feed.ErrCursorSuperseded):
+			w.fault(ctx, err)
+			w.log.Info("feed lease gone; the worker stops sending and takes it again", "holder", string(lease.Holder()), "error", err)
+			return
+		default:
+			s.fresh = false
+			failures++
+			w.fault(ctx, err)
+			w.backoff(ctx, failures)
+		}
+	}
+}
+
+// step does one unit of work: a resync, one incremental batch, or finding the
+// sink caught up (idle).
+func (s *session) step(ctx context.Context) (idle bool, err error) {
+	w := s.w
+	if s.sub == nil {
+		// Subscribe before reading, so a commit after this read wakes the wait.
+		sub, err := w.reader.Subscribe(ctx, w.id.Feed)
+		if err != nil {
+			return false, fmt.Errorf("subscribing to the feed: %w", err)
+		}
+		s.sub = sub
+	}
+	if !s.fresh {
+		cursor, err := w.store.ReadCursor(ctx, w.id)
+		if err != nil {
+			return false, err
+		}
+		parked, err := w.store.ReadParked(ctx, w.id)
+		if err != nil {
+			return false, err
+		}
+		s.cursor = cursor
+		s.parked = make(map[feed.Key]feed.Seq, len(parked))
+		for _, p := range parked {
+			s.parked[p.Key] = p.Seq
+		}
+		s.fresh = true
+		w.update(func(st *State) { st.Cursor = cursor; st.Parked = len(s.parked) })
+	}
+	if s.cursor.IsZero() {
+		return false, s.resync(ctx)
+	}
+	batch, err := w.reader.ReadBatch(ctx, w.id.Feed, s.cursor.Seq, w.opts.BatchSize)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case batch.Generation > s.cursor.Generation:
+		return false, s.resync(ctx)
+	case batch.Generation < s.cursor.Generation:
+		return false, fmt.Errorf("the sink's cursor %v is of a generation the feed (at generation %d) has not reached", s.cursor, batch.Generation)
+	}
+	if len(batch.Records) == 0 {
+		w.update(func(st *State) { st.Head = batch.Head; st.Lag = 0; st.Phase = PhaseIdle })
+		return true, nil
+	}
+	return false, s.send(ctx, batch)
+}
+
+// send applies one incremental batch and moves the cursor past it, parking
+// what the sink refused and unparking the keys it accepted a newer version of.
+func (s *session) send(ctx context.Context, batch feed.Batch) error {
+	w := s.w
+	w.setPhase(PhaseSending)
+	if err := s.lease.EnsureHeld(ctx); err != nil {
+		return err
+	}
+	var rejs []feed.Rejection
+	err := w.call(ctx, "apply", func(ctx context.Context) (err error) {
+		rejs, err = w.sink.Apply(ctx, batch.Records)
+		return err
+	})
+	w.update(func(st *State) { st.RecordsSent += int64(len(batch.Records)) })
+	if err != nil {
+		return err
+	}
+	refused, err := s.refusals(batch.Records, rejs, "apply")
+	if err != nil {
+		return err
+	}
+	var change feed.ParkChange
+	for _, r := range batch.Records {
+		if p, ok := refused[r.Key]; ok {
+			change.Park = append(change.Park, p)
+		} else if _, ok := s.parked[r.Key]; ok {
+			change.Unpark = append(change.Unpark, r.Key)
+		}
+	}
+	next := feed.Cursor{Generation: batch.Generation, Seq: batch.Records[len(batch.Records)-1].Seq}
+	if err := s.move(ctx, next, change); err != nil {
+		return err
+	}
+	for _, k := range change.Unpark {
+		delete(s.parked, k)
+	}
+	for _, p := range change.Park {
+		s.parked[p.Key] = p.Seq
+	}
+	lag := int64(0)
+	if len(batch.Records) == w.opts.BatchSize {
+		lag = int64(batch.Head - next.Seq)
+	}
+	w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag; st.Parked = len(s.parked) })
+	return nil
+}
+
+// move makes the fenced cursor move and records it.
+func (s *session) move(ctx context.Context, next feed.Cursor, change feed.ParkChange) error {
+	w := s.w
+	err := w.store.CASCursor(ctx, feed.CursorMove{
+		ID:       w.id,
+		Holder:   s.lease.Holder(),
+		Expected: s.cursor,
+		Next:     next,
+		Parked:   change,
+	})
+	if err != nil {
+		return err
+	}
+	s.cursor = next
+	now := w.opts.Clock.Now()
+	w.update(func(st *State) { st.Cursor = next; st.LastAdvance = now })
+	return nil
+}
+
+// refusals matches the sink's rejections to the records it was sent and makes
+// them parked records. A rejection of a key it was not sent, or at another
+// seq, is the sink breaking its contract: an error, so nothing is parked on a
+// guess.
+func (s *session) refusals(records []feed.Record, rejs []feed.Rejection, op string) (map[feed.Key]feed.ParkedRecord, error) {
+	if len(rejs) == 0 {
+		return nil, nil
+	}
+	sent := make(map[feed.Key]feed.Seq, len(records))
+	for _, r := range records {
+		sent[r.Key] = r.Seq
+	}
+	now := s.w.opts.Clock.Now()
+	out := make(map[feed.Key]feed.ParkedRecord, len(rejs))
+	for i, rej := range rejs {
+		seq, ok := sent[rej.Key]
+		if !ok || (rej.Seq != 0 && rej.Seq != seq) {
+			return nil, &SinkError{ID: s.w.id, Op: op, Err: fmt.Errorf("rejection %d names key %q at seq %d, which is not a record of the batch", i, rej.Key, rej.Seq)}
+		}
+		out[rej.Key] = feed.ParkedRecord{Key: rej.Key, Seq: seq, Reason: feed.CleanReason(rej.Reason), ParkedAt: now}
+	}
+	return out, nil
+}
+
+// resync fills a fresh copy of the sink with the feed's current generation and
+// publishes it, starting again whenever the generation moves mid-stream.
+func (s *session) resync(ctx context.Context) error {
+	s.w.setPhase(PhaseResyncing)
+	for {
+		err := s.resyncOnce(ctx)
+		if !errors.Is(err, errGenerationMoved) {
+			return err
+		}
+		s.w.log.Info("feed generation moved during a resync; starting it again")
+	}
+}
+
+// resyncOnce streams the generation of the first batch it reads into a fresh
+// target, in seq order and bounded batches, while writers keep changing the
+// feed.
+//
+// # Why the copy equals the feed's live documents at the last seq read
+//
+// A key's row only ever moves to a higher seq (a new version or a tombstone),
+// and seqs are handed out in commit order. The stream ends on a batch shorter
+// than the limit, so in that batch's snapshot no row lies above the last seq
+// read, L. Take any key's row in that snapshot, at seq s ≤ L. The batch that
+// covered s saw every row at or below its own last seq committed (commit
+// order), and the row at s has not changed since, so that batch read it; every
+// later version of the key was read after it, in seq order. So the target's
+// last word on each key is its row in the final snapshot: a key updated
+// mid-stream is applied twice and ends at its latest version, a key deleted
+// mid-stream ends with its tombstone applied. Tombstones are never collected
+// from under a resync: this sink's cursor is absent or of an older generation,
+// so it is below every row of this one. A rebuild empties the feed and moves
+// the generation in one step; every batch is checked against the generation
+// the target was opened for, and a moved one aborts the target and starts
+// again.
+//
+// The cursor then becomes (generation, L). With nothing read, L is 0, which
+// is below every row of the generation, so nothing is skipped.
+func (s *session) resyncOnce(ctx context.Context) (err error) {
+	w := s.w
+	var (
+		target    feed.ResyncTarget
+		gen       feed.Generation
+		published bool
+		after     feed.Seq
+		refused   = map[feed.Key]feed.ParkedRecord{}
+	)
+	defer func() {
+		if target != nil && !published {
+			s.abort(ctx, target)
+		}
+	}()
+	for {
+		batch, err := w.reader.ReadBatch(ctx, w.id.Feed, after, w.opts.BatchSize)
+		if err != nil {
+			return err
+		}
+		if target == nil {
+			gen = batch.Generation
+			switch {
+			case s.cursor.Generation == gen:
+				return nil // already of this generation: incremental from here
+			case s.cursor.Generation > gen:
+				return fmt.Errorf("the sink's cursor %v is of a generation the feed (at generation %d) has not reached", s.cursor, gen)
+			}
+			if err := s.lease.EnsureHeld(ctx); err != nil {
+				return err
+			}
+			err = w.call(ctx, "open resync", func(ctx context.Context) (err error) {
+				target, err = w.sink.OpenResync(ctx, gen)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if target == nil {
+				return &SinkError{ID: w.id, Op: "open resync", Err: errors.New("returned no target and no error")}
+			}
+		} else if batch.Generation != gen {
+			return errGenerationMoved
+		}
+		if n := len(batch.Records); n > 0 {
+			if err := s.lease.EnsureHeld(ctx); err != nil {
+				return err
+			}
+			var rejs []feed.Rejection
+			err := w.call(ctx, "apply resync", func(ctx context.Context) (err error) {
+				rejs, err = target.Apply(ctx, batch.Records)
+				return err
+			})
+			w.update(func(st *State) { st.RecordsSent += int64(n) })
+			if err != nil {
+				return err
+			}
+			r, err := s.refusals(batch.Records, rejs, "apply resync")
+			if err != nil {
+				return err
+			}
+			for _, rec := range batch.Records {
+				if p, ok := r[rec.Key]; ok {
+					refused[rec.Key] = p
+				} else {
+					delete(refused, rec.Key) // a newer version was taken
+				}
+			}
+			after = batch.Records[n-1].Seq
+		}
+		lag := int64(batch.Head - after)
+		w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag })
+		if len(batch.Records) < w.opts.BatchSize {
+			break
+		}
+	}
+	if err := s.lease.EnsureHeld(ctx); err != nil {
+		return err
+	}
+	if err := w.call(ctx, "publish", target.Publish); err != nil {
+		return err
+	}
+	published = true
+	park := make([]feed.ParkedRecord, 0, len(refused))
+	for _, p := range refused {
+		park = append(park, p)
+	}
+	slices.SortFunc(park, func(a, b feed.ParkedRecord) int {
+		switch {
+		case a.Key < b.Key:
+			return -1
+		case a.Key > b.Key:
+			return 1
+		}
+		return 0
+	})
+	if err := s.move(ctx, feed.Cursor{Generation: gen, Seq: after}, feed.ParkChange{Replace: true, Park: park}); err != nil {
+		return err
+	}
+	s.parked = make(map[feed.Key]feed.Seq, len(park))
+	for _, p := range park {
+		s.parked[p.Key] = p.Seq
+	}
+	w.update(func(st *State) { st.Lag = 0; st.Parked = len(park); st.Resyncs++ })
+	w.log.Info("feed resync published", "generation", int64(gen), "seq", int64(after), "parked", len(park))
+	return nil
+}
+
+// abort throws an unpublished target away, even after ctx ended. It asks no
+// EnsureHeld: aborting changes nothing the sink serves, only discards the copy
+// this worker opened, and it must run on shutdown when the lease is already
+// gone.
+func (s *session) abort(ctx context.Context, target feed.ResyncTarget) {
+	actx := context.WithoutCancel(ctx)
+	if err := s.w.call(actx, "abort resync", target.Abort); err != nil {
+		s.w.log.Warn("aborting an unfinished resync target failed", "error", err)
+	}
+}
+
+// call runs one sink call under the sink deadline, turning a panic into an
+// error so that a faulty sink cannot take the worker down.
+func (w *Worker) call(ctx context.Context, op string, f func(context.Context) error) (err error) {
+	cctx, cancel := context.WithTimeout(ctx, w.opts.SinkTimeout)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("sink panicked", "op", op, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = &SinkError{ID: w.id, Op: op, Err: fmt.Errorf("panic: %v", r)}
+		}
+	}()
+	if err := f(cctx); err != nil {
+		if ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("cut at its %v deadline: %w", w.opts.SinkTimeout, err)
+		}
+		return &SinkError{ID: w.id, Op: op, Err: err}
+	}
+	return nil
+}
+
+// wait blocks until a wake-up, the poll interval, or the end of ctx.
+func (s *session) wait(ctx context.Context) {
+	t := s.w.opts.Clock.NewTimer(s.w.opts.PollInterval)
+	defer t.Stop()
+	select {
+	case <-s.sub.C():
+	case <-t.C():
+	case <-ctx.Done():
+	}
+}
+
+// fault records err as the worker's last error and logs it. A store that calls
+// the worker's input invalid is a bug in one of the two, not a passing fault,
+// so it is logged as an error.
+func (w *Worker) fault(ctx context.Context, err error) {
+	now := w.opts.Clock.Now()
+	w.update(func(st *State) { st.LastError = err; st.LastErrorAt = now })
+	level := slog.LevelWarn
+	if errors.Is(err, feed.ErrInvalid) {
+		level = slog.LevelError
+	}
+	w.log.Log(ctx, level, "feed sync fault", "error", err)
+}
+
+// backoff waits after the failures-th fault in a row: BackoffMin doubled per
+// fault, capped at BackoffMax, jittered to between half and all of it so that
+// workers hit by one outage do not retry in step.
+func (w *Worker) backoff(ctx context.Context, failures int) {
+	w.setPhase(PhaseBackoff)
+	d := w.opts.BackoffMin
+	for i := 1; i < failures && d < w.opts.BackoffMax; i++ {
+		d *= 2
+	}
+	w.sleep(ctx, jitter(min(d, w.opts.BackoffMax), 0.5, 1))
+}
+
+// sleep waits d on the clock, or until ctx ends.
+func (w *Worker) sleep(ctx context.Context, d time.Duration) {
+	t := w.opts.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+	case <-ctx.Done():
+	}
+}
+
+// jitter returns a random duration in [lo·d, hi·d).
+func jitter(d time.Duration, lo, hi float64) time.Duration {
+	return time.Duration(float64(d) * (lo + rand.Float64()*(hi-lo)))
+}
