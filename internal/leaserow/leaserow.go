@@ -113,8 +113,9 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // heartbeat renews on a fixed cadence from the take. A renewal never outlasts
 // the interval, so each one starts on its own tick whatever became of the one
-// before; a worker that fell behind (a pause) renews once at once and does not
-// replay the ticks it missed.
+// before. A worker that fell behind (a pause) renews at once, and once more at
+// once if that renewal also ended past its tick, but never replays the ticks it
+// missed.
 func (l *Lease) heartbeat(ctx context.Context) {
 	defer close(l.done)
 	interval := l.cfg.Timings.Heartbeat

@@ -1,0 +1,281 @@
+package leaserow_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/feed/feedtest"
+	"github.com/kairos-es/kairos/internal/leaserow"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// row is a fake lease row: each renewal reports what the test queued for it,
+// and the times renewals started are recorded.
+type row struct {
+	mu      sync.Mutex
+	starts  []time.Time
+	answers []func(ctx context.Context) (bool, error) // consumed in order; empty: held
+	cleared int
+	renewed chan struct{}
+}
+
+func newRow() *row { return &row{renewed: make(chan struct{}, 100)} }
+
+func (r *row) renew(ctx context.Context, at time.Time) (bool, error) {
+	r.mu.Lock()
+	r.starts = append(r.starts, at)
+	var answer func(context.Context) (bool, error)
+	if len(r.answers) > 0 {
+		answer, r.answers = r.answers[0], r.answers[1:]
+	}
+	r.mu.Unlock()
+	defer func() { r.renewed <- struct{}{} }()
+	if answer == nil {
+		return true, nil
+	}
+	return answer(ctx)
+}
+
+func (r *row) clear(context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cleared++
+	return nil
+}
+
+func (r *row) then(answers ...func(ctx context.Context) (bool, error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.answers = append(r.answers, answers...)
+}
+
+func fail(context.Context) (bool, error) { return false, errors.New("connection refused") }
+func hang(ctx context.Context) (bool, error) {
+	<-ctx.Done()
+	return false, ctx.Err()
+}
+func taken(context.Context) (bool, error) { return false, nil }
+
+func start(t *testing.T, ctx context.Context, opts feed.LeaseOptions, r *row) (*leaserow.Lease, *feedtest.ManualClock, feed.LeaseOptions) {
+	t.Helper()
+	timings, err := opts.Resolve("lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := feedtest.NewManualClock(t0)
+	l := leaserow.Start(ctx, leaserow.Config{
+		ID: feed.SinkID{Feed: "f", Sink: "s"}, Holder: "h", Timings: timings, Clock: clock, TakenAt: t0,
+		Renew: r.renew, Clear: r.clear, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	if err := clock.WaitForTimers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return l, clock, timings
+}
+
+// tick advances one heartbeat and waits for the renewal it starts to finish,
+// then for the heartbeat to arm its next tick.
+func tick(t *testing.T, clock *feedtest.ManualClock, r *row, d time.Duration) {
+	t.Helper()
+	clock.Advance(d)
+	select {
+	case <-r.renewed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal after a heartbeat")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clock.WaitForTimers(ctx, 1); err != nil {
+		t.Fatal("the heartbeat did not arm its next tick:", err)
+	}
+}
+
+func wantHeld(t *testing.T, l *leaserow.Lease, want bool) {
+	t.Helper()
+	err := l.EnsureHeld(context.Background())
+	if want && err != nil {
+		t.Fatalf("EnsureHeld = %v, want held", err)
+	}
+	if !want && !errors.Is(err, feed.ErrLeaseLost) {
+		t.Fatalf("EnsureHeld = %v, want ErrLeaseLost", err)
+	}
+}
+
+// Without a renewal, EnsureHeld passes until exactly ttl − margin after the
+// take and fails from then on.
+func TestEnsureHeldFailsAtTTLMinusMargin(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	clock.Skip(o.Usable() - time.Nanosecond)
+	wantHeld(t, l, true)
+	clock.Skip(time.Nanosecond)
+	wantHeld(t, l, false)
+}
+
+// Renewals run on a fixed cadence from the take, each starting on its tick,
+// and each landed one restarts the age EnsureHeld judges.
+func TestRenewalsOnFixedCadence(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	for i := 0; i < 10; i++ {
+		tick(t, clock, r, o.Heartbeat)
+	}
+	wantHeld(t, l, true) // 10 heartbeats = 2 ttl after the take
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, at := range r.starts {
+		if want := t0.Add(time.Duration(i+1) * o.Heartbeat); !at.Equal(want) {
+			t.Fatalf("renewal %d started at %v, want %v", i, at.Sub(t0), want.Sub(t0))
+		}
+	}
+}
+
+// Under the defaults (3×heartbeat + margin ≤ ttl), one renewal that fails does
+// not fail EnsureHeld at any moment before the next renewal lands.
+func TestOneFailedRenewalKeepsLease(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	tick(t, clock, r, o.Heartbeat) // lands: renewedAt = hb
+	r.then(fail)
+	tick(t, clock, r, o.Heartbeat) // fails at 2hb
+	// Just before the third renewal lands, the last landed one started 2hb ago.
+	clock.Skip(o.Heartbeat - time.Nanosecond)
+	wantHeld(t, l, true)
+	tick(t, clock, r, time.Nanosecond) // lands at 3hb
+	clock.Skip(o.Usable() - time.Nanosecond)
+	wantHeld(t, l, true)
+	clock.Skip(time.Nanosecond)
+	wantHeld(t, l, false)
+}
+
+// A renewal that hangs is abandoned after one heartbeat (real time here, so the
+// timings are small), and is no more than a failed one: the lease survives it.
+func TestHangingRenewalIsBounded(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	o := feed.LeaseOptions{TTL: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond, Margin: 150 * time.Millisecond}
+	l, clock, o := start(t, context.Background(), o, r)
+	r.then(hang)
+	began := time.Now()
+	tick(t, clock, r, o.Heartbeat)
+	if took := time.Since(began); took > 5*o.Heartbeat+time.Second {
+		t.Fatalf("a hanging renewal held the heartbeat for %v", took)
+	}
+	wantHeld(t, l, true) // age hb since the take, < ttl − margin
+	tick(t, clock, r, o.Heartbeat)
+	wantHeld(t, l, true)
+	r.mu.Lock()
+	n := len(r.starts)
+	r.mu.Unlock()
+	if n != 2 {
+		t.Fatalf("%d renewals, want 2: the one after the hang must start on its own tick", n)
+	}
+}
+
+// Repeated failures fail EnsureHeld a margin before the lease could lapse.
+func TestFailingRenewalsLoseLeaseBeforeExpiry(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	r.then(fail, fail, fail, fail, fail)
+	var at time.Duration
+	for at+o.Heartbeat < o.Usable() {
+		tick(t, clock, r, o.Heartbeat)
+		at += o.Heartbeat
+		wantHeld(t, l, true)
+	}
+	clock.Skip(o.Usable() - at)
+	wantHeld(t, l, false)
+}
+
+// A renewal that finds the row taken marks the lease lost at once.
+func TestRenewalFindingRivalLosesLease(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	r.then(taken)
+	tick(t, clock, r, o.Heartbeat)
+	wantHeld(t, l, false)
+}
+
+// After a pause, the heartbeat renews at once and does not replay every tick
+// it missed.
+func TestPauseDoesNotReplayTicks(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	clock.Skip(4*o.Heartbeat + o.Heartbeat/2) // frozen across four ticks
+	clock.Advance(0)
+	deadline := time.After(10 * time.Second)
+	for got := 0; got < 2; got++ { // the overdue tick, then one at once
+		select {
+		case <-r.renewed:
+		case <-deadline:
+			t.Fatal("no renewal after the pause")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clock.WaitForTimers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	n := len(r.starts)
+	r.mu.Unlock()
+	if n > 2 {
+		t.Fatalf("%d renewals after one pause, want at most 2", n)
+	}
+	wantHeld(t, l, true)
+}
+
+// Release stops the heartbeat and clears the row once; the context's end does
+// the same for a lease nobody released.
+func TestReleaseAndContextEnd(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, _, _ := start(t, context.Background(), feed.LeaseOptions{}, r)
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wantHeld(t, l, false)
+	if r.cleared != 1 {
+		t.Fatalf("cleared %d times, want 1", r.cleared)
+	}
+
+	r2 := newRow()
+	ctx, cancel := context.WithCancel(context.Background())
+	l2, _, _ := start(t, ctx, feed.LeaseOptions{}, r2)
+	cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r2.mu.Lock()
+		c := r2.cleared
+		r2.mu.Unlock()
+		if c == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the row was not cleared when the lease's context ended")
+		}
+		time.Sleep(time.Millisecond) // polling a goroutine's effect, not timing logic
+	}
+	wantHeld(t, l2, false)
+}
