@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math/big"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -152,7 +153,7 @@ func describeRecords(rs []feed.Record) string {
 		if i > 0 {
 			b.WriteString(" ")
 		}
-		b.WriteString(string(r.Key) + "@" + big.NewInt(int64(r.Seq)).String() + "=")
+		b.WriteString(string(r.Key) + "@" + strconv.FormatInt(int64(r.Seq), 10) + "=")
 		if r.Doc == nil {
 			b.WriteString("<tombstone>")
 		} else {

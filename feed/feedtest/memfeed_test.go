@@ -33,3 +33,5 @@ func newMemStore(t *testing.T, opts feedtest.StoreOptions) feedtest.StoreHarness
 }
 
 func TestRunFeedOnMemfeed(t *testing.T) { feedtest.RunFeed(t, newMemStore) }
+
+func TestRunSyncStoreOnMemfeed(t *testing.T) { feedtest.RunSyncStore(t, newMemStore) }
