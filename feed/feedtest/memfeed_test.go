@@ -2,6 +2,7 @@ package feedtest_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/kairos-es/kairos/feed"
@@ -35,3 +36,23 @@ func newMemStore(t *testing.T, opts feedtest.StoreOptions) feedtest.StoreHarness
 func TestRunFeedOnMemfeed(t *testing.T) { feedtest.RunFeed(t, newMemStore) }
 
 func TestRunSyncStoreOnMemfeed(t *testing.T) { feedtest.RunSyncStore(t, newMemStore) }
+
+func TestRunSinkOnMemfeed(t *testing.T) {
+	feedtest.RunSink(t, func(t *testing.T) feedtest.SinkHarness {
+		const reject = "reject me"
+		s := memfeed.NewSink(memfeed.SinkOptions{Reject: func(r feed.Record) string {
+			if r.Key == reject {
+				return "refused by the test"
+			}
+			return ""
+		}})
+		return feedtest.SinkHarness{
+			Sink: s,
+			Contents: func(context.Context) (map[feed.Key]json.RawMessage, error) {
+				return s.Documents(), nil
+			},
+			ConditionalOnSeq: true,
+			RejectKey:        reject,
+		}
+	})
+}
