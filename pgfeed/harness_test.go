@@ -1,0 +1,97 @@
+package pgfeed_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/feed/feedtest"
+	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/pgfeed"
+)
+
+// modes are the three pgx exec modes every suite runs in: cached prepared
+// statements (the default), unprepared extended protocol, and the simple
+// protocol a transaction pooler needs.
+var modes = []struct {
+	name string
+	mode pgx.QueryExecMode
+}{
+	{"cache", pgx.QueryExecModeCacheStatement},
+	{"exec", pgx.QueryExecModeExec},
+	{"simple", pgx.QueryExecModeSimpleProtocol},
+}
+
+// db is one migrated schema on one pool.
+type db struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+// setup returns a fresh migrated schema on a pool in mode.
+func setup(t *testing.T, url string, mode pgx.QueryExecMode) db {
+	t.Helper()
+	pool := pgtest.Pool(t, url, mode)
+	schema := pgtest.Schema(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return db{pool: pool, schema: schema}
+}
+
+// newStore builds a store on d, closed at cleanup.
+func newStore(t testing.TB, d db, opts pgfeed.Options) *pgfeed.Store {
+	t.Helper()
+	opts.Schema = d.schema
+	s, err := pgfeed.New(t.Context(), d.pool, opts)
+	if err != nil {
+		t.Fatalf("pgfeed.New: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// harness adapts a store to feedtest's StoreHarness.
+func harness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
+	return feedtest.StoreHarness{
+		Store:  s,
+		Reader: s,
+		Write:  s.WriteCommitted,
+		Rebuild: func(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
+			var g feed.Generation
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				g, err = s.ResetTx(ctx, tx, f)
+				return err
+			})
+			return g, err
+		},
+	}
+}
+
+// suiteStores returns a feedtest.NewStore over one schema shared by every
+// subtest (each uses feed names of its own).
+func suiteStores(t *testing.T, url string, mode pgx.QueryExecMode, base pgfeed.Options) feedtest.NewStore {
+	d := setup(t, url, mode)
+	return func(st *testing.T, opts feedtest.StoreOptions) feedtest.StoreHarness {
+		o := base
+		o.Lease, o.Clock = opts.Lease, opts.Clock
+		return harness(newStore(st, d, o), d.pool)
+	}
+}
+
+func TestFeedSuite(t *testing.T) {
+	t.Parallel()
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			feedtest.RunFeed(t, suiteStores(t, pgtest.URL(), m.mode, pgfeed.Options{}))
+		})
+	}
+}

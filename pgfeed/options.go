@@ -1,0 +1,144 @@
+package pgfeed
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// Defaults of Options.
+const (
+	// DefaultSchema is the schema the tables live in.
+	DefaultSchema = "kairos"
+	// DefaultTablePrefix starts every table's name.
+	DefaultTablePrefix = "feed_"
+	// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN − 1), in bytes.
+	maxIdentLen = 63
+	// longestTable is the longest name this package appends to the prefix; the
+	// prefix is validated so that prefix + it still fits maxIdentLen.
+	longestTable = "generations"
+)
+
+// DBTX is what the store runs its statements on: a *pgxpool.Pool in
+// production, a *pgx.Conn or a pgx.Tx where the caller wants. Begin is used for
+// the store's own short transactions (a cursor move, a retry, a lease take).
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Options configure a Store. The zero value is valid and means all defaults.
+type Options struct {
+	// Schema holds the tables. It must match ^[a-z_][a-z0-9_]*$ and fit
+	// PostgreSQL's 63-byte identifier limit; it is always quoted. Defaults to
+	// DefaultSchema.
+	Schema string
+	// TablePrefix starts every table's name, so several independent sets of
+	// feeds can share a schema. Same rule as Schema, and prefix plus the
+	// longest table name ("generations") must fit 63 bytes. Defaults to
+	// DefaultTablePrefix.
+	TablePrefix string
+	// Lease holds the lease-row timings (see feed.LeaseOptions). Zero fields
+	// take their defaults. Ignored for advisory leases, which have no expiry.
+	Lease feed.LeaseOptions
+	// AdvisoryLock, when set, selects the advisory-lock lease kind: each lease
+	// reserves one connection of this pool for its lifetime and holds a
+	// session advisory lock on it. The pool must be dedicated to leases and
+	// must reach PostgreSQL directly, not through a transaction pooler; New
+	// refuses one it recognises as pooled. Defaults to nil: lease rows, which
+	// work through a transaction pooler and need no reserved connection.
+	AdvisoryLock *pgxpool.Pool
+	// Clock is the time leases run on. With the system clock (the default),
+	// stored times are stamped and compared with the database's
+	// clock_timestamp(), and lease ages are measured with Go's monotonic
+	// clock. An injected clock (a test's feedtest.ManualClock) replaces both:
+	// its Now is passed to every statement that stamps or compares a time.
+	// Defaults to feed.SystemClock.
+	Clock feed.Clock
+	// Listen opens the dedicated connection the store LISTENs on for commit
+	// notifications. It must reach PostgreSQL directly: a transaction pooler
+	// does not deliver notifications. Defaults to hijacking a connection from
+	// db when db is a *pgxpool.Pool, or opening one with db's config when db is
+	// a *pgx.Conn; with any other DBTX, Subscribe needs it.
+	Listen func(ctx context.Context) (*pgx.Conn, error)
+	// Logger receives lease renewal failures and listener reconnects.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// validIdent is the one home of the identifier rule: lower-case ASCII letters,
+// digits and '_', not starting with a digit, at most max bytes. Quoting would
+// make any string safe in SQL, but a name that needs no quoting also reads the
+// same in psql, in logs and in a DBA's own scripts.
+func validIdent(field, s string, max int) error {
+	if s == "" {
+		return feed.Invalid(field, "must not be empty")
+	}
+	if len(s) > max {
+		return feed.Invalid(field, "is %d bytes long; at most %d fit PostgreSQL's %d-byte identifier limit", len(s), max, maxIdentLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'a' && c <= 'z' || c == '_' || i > 0 && c >= '0' && c <= '9'
+		if !ok {
+			if c < 0x20 || c >= 0x7f || c == '"' || c == '\'' || c == '\\' {
+				return feed.Invalid(field, "has the byte 0x%02x at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
+			}
+			return feed.Invalid(field, "has %q at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
+		}
+	}
+	return nil
+}
+
+// names are the validated, quoted, schema-qualified table names, built once.
+type names struct {
+	schema, prefix string
+	quotedSchema   string
+	generations    string
+	rows           string
+	cursors        string
+	parked         string
+	migrations     string
+	// channel is the NOTIFY channel of every feed under this schema and
+	// prefix; the payload is the feed's name.
+	channel string
+}
+
+func quoteIdent(s string) string { return `"` + s + `"` } // s is a validated identifier
+
+// resolveNames validates schema and prefix (empty means default) and builds
+// the names.
+func resolveNames(schema, prefix string) (names, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if prefix == "" {
+		prefix = DefaultTablePrefix
+	}
+	if err := validIdent("schema", schema, maxIdentLen); err != nil {
+		return names{}, err
+	}
+	if err := validIdent("table_prefix", prefix, maxIdentLen-len(longestTable)); err != nil {
+		return names{}, err
+	}
+	t := func(table string) string { return quoteIdent(schema) + "." + quoteIdent(prefix+table) }
+	return names{
+		schema:       schema,
+		prefix:       prefix,
+		quotedSchema: quoteIdent(schema),
+		generations:  t("generations"),
+		rows:         t("rows"),
+		cursors:      t("cursors"),
+		parked:       t("parked"),
+		migrations:   t("migrations"),
+		channel:      fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
+	}, nil
+}

@@ -1,0 +1,200 @@
+package pgfeed
+
+import "fmt"
+
+// statements is every statement the store runs, built once from validated,
+// quoted names. Each has one purpose, said above it. Parameters carry explicit
+// casts so the text means the same in every pgx exec mode, the simple protocol
+// (PgBouncer) included. A "now" parameter is NULL in production, which makes
+// the database's clock_timestamp() the time, and a test's injected time
+// otherwise.
+type statements struct {
+	// write takes the feed lock (the generations row, created on a feed's
+	// first write), hands out the contiguous seq range head+1..head+n, upserts
+	// the batch's rows at those seqs from arrays, and notifies the feed's
+	// channel, all in one statement. The row lock is held to the caller's
+	// commit, so the next writer's range is handed out after this commit: seq
+	// order is commit order.
+	write string
+	// reset is a rebuild's feed half: take the feed lock, move the generation
+	// on (a never-written feed goes from 1 to 2), empty the feed, notify.
+	// Seqs are not reset.
+	reset string
+	// head and generation read the generations row; no row means head 0 and
+	// generation 1.
+	head, generation string
+	// readBatch reads the generation, the head and up to $3 rows after seq $2
+	// in one statement, so in one snapshot.
+	readBatch string
+
+	// lockSinkXact tries the sink's advisory lock for the transaction: a live
+	// advisory lease holds it for its session, so getting it proves no live
+	// advisory worker holds the sink.
+	lockSinkXact string
+	// takeRow is the lease-row take: the guarded upsert that registers the
+	// sink and records the holder with an expiry, landing only when the row has
+	// no holder, its expiry has passed, or its holder is an advisory one (no
+	// expiry) and $6 says this transaction holds the sink's advisory lock.
+	takeRow string
+	// renewRow extends this holder's expiry to at least now+ttl; it never
+	// moves it back, and lands nothing once the row names someone else.
+	renewRow string
+	// clearHolder clears the lease when the row still names this holder.
+	clearHolder string
+	// claimAdvisory records an advisory holder (no expiry), from the session
+	// that holds the lock and only while pg_locks shows it still does; it
+	// takes the row when free, expired, or held by another advisory holder
+	// (whose session is gone, since this one has the lock).
+	claimAdvisory string
+	// tryLock, holdsLock and unlock are the advisory lease's session lock.
+	tryLock, holdsLock, unlock string
+
+	// readCursor reads a sink's cursor (NULLs when absent).
+	readCursor string
+	// cas is the fenced cursor move and its park changes in one statement:
+	// the update lands only when the row names the holder and the cursor is
+	// the expected one, and the park changes are conditional on that update,
+	// so a lost guard changes nothing. Keys parked by the move are excluded
+	// from its deletes, because one statement may not both delete and upsert
+	// the same row; the upsert overwrites them anyway.
+	cas string
+	// readParked lists a sink's parked records in key (byte) order.
+	readParked string
+	// lockFeed takes the feed lock for a retry, as a writer would.
+	lockFeed string
+	// unparkOne removes one parked record and says whether there was one.
+	unparkOne string
+	// restamp gives the key's row (if any) seq head+1, bumps the head, and
+	// notifies; run under lockFeed.
+	restamp string
+	// collect deletes, in one statement and so against one snapshot of the
+	// cursors, the tombstones at or below every registered sink's cursor,
+	// none while a registered sink has no cursor or none is registered, and
+	// none whose key is parked for any sink.
+	collect string
+	// removeCursor deletes the cursor row unless a live lease row holds it
+	// (an advisory holder's liveness was settled by lockSinkXact);
+	// cursorExists tells a refused delete from a missing row; removeParked
+	// deletes the sink's parks.
+	removeCursor, cursorExists, removeParked string
+	// describeSinks and describeParked are the per-sink report.
+	describeSinks, describeParked string
+}
+
+func (n names) statements() statements {
+	g, r, c, p := n.generations, n.rows, n.cursors, n.parked
+	// lockHeld is true when this session holds the session advisory lock
+	// with the bigint key $k: such a key shows in pg_locks split into classid
+	// (high half), objid (low half) and objsubid 1.
+	lockHeld := func(k string) string {
+		return `EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+			AND classid = ((` + k + `::bigint >> 32) & 4294967295)::oid AND objid = (` + k + `::bigint & 4294967295)::oid AND objsubid = 1)`
+	}
+	const now = `coalesce($%d::timestamptz, clock_timestamp())`
+	nowAt := func(i int) string { return fmt.Sprintf(now, i) }
+	return statements{
+		write: `WITH g AS (
+	INSERT INTO ` + g + ` AS g (feed, head) VALUES ($1::text, $2::bigint)
+	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head
+	RETURNING g.generation, g.head
+), w AS (
+	INSERT INTO ` + r + ` AS r (feed, key, seq, doc)
+	SELECT $1::text, c.key, g.head - $2::bigint + c.ord, c.doc::jsonb
+	FROM g, unnest($3::text[], $4::text[]) WITH ORDINALITY AS c(key, doc, ord)
+	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc
+)
+SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
+
+		reset: `WITH g AS (
+	INSERT INTO ` + g + ` AS g (feed, generation) VALUES ($1::text, 2)
+	ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
+	RETURNING g.generation
+), d AS (
+	DELETE FROM ` + r + ` WHERE feed = $1::text
+)
+SELECT g.generation FROM g, LATERAL (SELECT pg_notify($2::text, $1::text)) AS n`,
+
+		head:       `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
+		generation: `SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text`,
+		readBatch: `SELECT f.generation, f.head, b.key, b.seq, b.doc
+FROM (SELECT coalesce(max(generation), 1) AS generation, coalesce(max(head), 0) AS head FROM ` + g + ` WHERE feed = $1::text) AS f
+LEFT JOIN LATERAL (
+	SELECT key, seq, doc::text AS doc FROM ` + r + ` WHERE feed = $1::text AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint
+) AS b ON true
+ORDER BY b.seq`,
+
+		lockSinkXact: `SELECT pg_try_advisory_xact_lock($1::bigint)`,
+		takeRow: `INSERT INTO ` + c + ` AS c (feed, sink, lease_holder, lease_expires_at)
+VALUES ($1::text, $2::text, $3::text, ` + nowAt(4) + ` + $5::bigint * interval '1 microsecond')
+ON CONFLICT (feed, sink) DO UPDATE SET lease_holder = excluded.lease_holder, lease_expires_at = excluded.lease_expires_at
+WHERE c.lease_holder IS NULL
+   OR c.lease_expires_at <= ` + nowAt(4) + `
+   OR (c.lease_expires_at IS NULL AND $6::boolean)
+RETURNING 1`,
+		renewRow: `UPDATE ` + c + ` SET lease_expires_at = greatest(lease_expires_at, ` + nowAt(4) + ` + $5::bigint * interval '1 microsecond')
+WHERE feed = $1::text AND sink = $2::text AND lease_holder = $3::text
+RETURNING 1`,
+		clearHolder: `UPDATE ` + c + ` SET lease_holder = NULL, lease_expires_at = NULL
+WHERE feed = $1::text AND sink = $2::text AND lease_holder = $3::text`,
+		claimAdvisory: `INSERT INTO ` + c + ` AS c (feed, sink, lease_holder, lease_expires_at)
+SELECT $1::text, $2::text, $3::text, NULL WHERE ` + lockHeld("$5") + `
+ON CONFLICT (feed, sink) DO UPDATE SET lease_holder = excluded.lease_holder, lease_expires_at = NULL
+WHERE c.lease_holder IS NULL
+   OR c.lease_expires_at IS NULL
+   OR c.lease_expires_at <= ` + nowAt(4) + `
+RETURNING 1`,
+		tryLock:   `SELECT pg_try_advisory_lock($1::bigint)`,
+		holdsLock: `SELECT ` + lockHeld("$1"),
+		unlock:    `SELECT pg_advisory_unlock($1::bigint)`,
+
+		readCursor: `SELECT generation, seq FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
+		cas: `WITH moved AS (
+	UPDATE ` + c + ` SET generation = $4::bigint, seq = $5::bigint, last_advance_at = ` + nowAt(8) + `
+	WHERE feed = $1::text AND sink = $2::text AND lease_holder = $3::text
+	  AND generation IS NOT DISTINCT FROM $6::bigint AND seq IS NOT DISTINCT FROM $7::bigint
+	RETURNING 1
+), cleared AS (
+	DELETE FROM ` + p + ` AS p
+	WHERE p.feed = $1::text AND p.sink = $2::text AND EXISTS (SELECT 1 FROM moved)
+	  AND ($9::boolean OR p.key = ANY ($10::text[]))
+	  AND NOT (p.key = ANY ($11::text[]))
+), parked AS (
+	INSERT INTO ` + p + ` AS p (feed, sink, key, seq, reason, parked_at)
+	SELECT $1::text, $2::text, k.key, k.seq, k.reason, k.parked_at
+	FROM unnest($11::text[], $12::bigint[], $13::text[], $14::timestamptz[]) AS k(key, seq, reason, parked_at)
+	WHERE EXISTS (SELECT 1 FROM moved)
+	ON CONFLICT (feed, sink, key) DO UPDATE SET seq = excluded.seq, reason = excluded.reason, parked_at = excluded.parked_at
+)
+SELECT count(*) FROM moved`,
+		readParked: `SELECT key, seq, reason, parked_at FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text ORDER BY key`,
+		lockFeed:   `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
+		unparkOne:  `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text AND key = $3::text RETURNING seq`,
+		restamp: `WITH g AS (
+	UPDATE ` + g + ` SET head = head + 1
+	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM ` + r + ` WHERE feed = $1::text AND key = $2::text)
+	RETURNING head
+), s AS (
+	UPDATE ` + r + ` AS r SET seq = g.head FROM g WHERE r.feed = $1::text AND r.key = $2::text
+)
+SELECT g.head FROM g, LATERAL (SELECT pg_notify($3::text, $1::text)) AS n`,
+		collect: `WITH s AS (
+	SELECT count(*) AS sinks, count(seq) AS placed, min(seq) AS low FROM ` + c + ` WHERE feed = $1::text
+), d AS (
+	DELETE FROM ` + r + ` AS r USING s
+	WHERE r.feed = $1::text AND r.doc IS NULL AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
+	  AND NOT EXISTS (SELECT 1 FROM ` + p + ` AS p WHERE p.feed = $1::text AND p.key = r.key)
+	RETURNING 1
+)
+SELECT count(*) FROM d`,
+		removeCursor: `DELETE FROM ` + c + `
+WHERE feed = $1::text AND sink = $2::text
+  AND (lease_holder IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ` + nowAt(3) + `)
+RETURNING 1`,
+		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
+		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
+		describeSinks: `SELECT c.sink, c.generation, c.seq, c.last_advance_at, c.lease_holder, c.lease_expires_at,
+	(SELECT count(*) FROM ` + r + ` AS r WHERE r.feed = c.feed AND r.seq > coalesce(c.seq, 0))
+FROM ` + c + ` AS c WHERE c.feed = $1::text ORDER BY c.sink`,
+		describeParked: `SELECT sink, key, seq, reason, parked_at FROM ` + p + ` WHERE feed = $1::text ORDER BY sink, key`,
+	}
+}

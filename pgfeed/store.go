@@ -1,0 +1,250 @@
+package pgfeed
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// Store is the Postgres feed and sync store for every feed under one schema
+// and table prefix. It implements feed.Writer[pgx.Tx], feed.Reader and
+// feed.SyncStore and is safe for concurrent use. Migrate must have run.
+type Store struct {
+	db     DBTX
+	names  names
+	sql    statements
+	lease  feed.LeaseOptions
+	clock  feed.Clock
+	system bool // clock is the system clock: the database stamps times
+	logger *slog.Logger
+
+	advisory *pgxpool.Pool
+
+	listenMu sync.Mutex
+	listener *listener
+	listen   func(ctx context.Context) (*pgx.Conn, error)
+}
+
+var (
+	_ feed.Writer[pgx.Tx] = (*Store)(nil)
+	_ feed.Reader         = (*Store)(nil)
+	_ feed.SyncStore      = (*Store)(nil)
+)
+
+// New returns a store over db, or an *feed.InvalidError naming the option
+// that is wrong. With Options.AdvisoryLock set it also checks that pool: a
+// pool recognisably behind a transaction pooler is refused (see
+// checkSessionPool), which needs one round trip, bounded by ctx.
+func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, feed.Invalid("db", "must not be nil")
+	}
+	n, err := resolveNames(opts.Schema, opts.TablePrefix)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := opts.Lease.Resolve("lease")
+	if err != nil {
+		return nil, err
+	}
+	if opts.Clock == nil {
+		opts.Clock = feed.SystemClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Store{
+		db:       db,
+		names:    n,
+		sql:      n.statements(),
+		lease:    lease,
+		clock:    opts.Clock,
+		system:   feed.IsSystemClock(opts.Clock),
+		logger:   opts.Logger,
+		advisory: opts.AdvisoryLock,
+		listen:   opts.Listen,
+	}
+	if s.advisory != nil {
+		if err := checkSessionPool(ctx, s.advisory); err != nil {
+			return nil, err
+		}
+	}
+	if s.listen == nil {
+		switch d := db.(type) {
+		case *pgxpool.Pool:
+			s.listen = func(ctx context.Context) (*pgx.Conn, error) {
+				c, err := d.Acquire(ctx)
+				if err != nil {
+					return nil, err
+				}
+				return c.Hijack(), nil
+			}
+		case *pgx.Conn:
+			cfg := d.Config().Copy()
+			s.listen = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) }
+		}
+	}
+	return s, nil
+}
+
+// Close stops the listener, if one runs, and waits for it. Subscriptions stop
+// being signalled. It does not close db, which is the caller's.
+func (s *Store) Close() {
+	s.listenMu.Lock()
+	l := s.listener
+	s.listener = nil
+	s.listenMu.Unlock()
+	if l != nil {
+		l.close()
+	}
+}
+
+// now is the time parameter of statements that stamp or compare: nil with
+// the system clock, so the database's clock_timestamp() decides.
+func (s *Store) now() *time.Time {
+	if s.system {
+		return nil
+	}
+	t := s.clock.Now()
+	return &t
+}
+
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// Write writes changes to f inside the caller's tx; see feed.Writer. The
+// whole batch is one statement, whatever its size. Documents travel as text,
+// so they survive every exec mode, the simple protocol included.
+func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
+	if tx == nil {
+		return feed.WriteResult{}, feed.Invalid("tx", "must not be nil")
+	}
+	if err := f.Validate(); err != nil {
+		return feed.WriteResult{}, err
+	}
+	changes, err := feed.PrepareChanges(changes)
+	if err != nil || len(changes) == 0 {
+		return feed.WriteResult{}, err
+	}
+	keys := make([]string, len(changes))
+	docs := make([]*string, len(changes))
+	for i, c := range changes {
+		keys[i] = string(c.Key)
+		if c.Doc != nil {
+			d := string(c.Doc)
+			docs[i] = &d
+		}
+	}
+	var gen, head int64
+	n := int64(len(changes))
+	if err := tx.QueryRow(ctx, s.sql.write, string(f), n, keys, docs, s.names.channel).Scan(&gen, &head); err != nil {
+		return feed.WriteResult{}, feed.WriteFailed("writing to feed "+string(f), err)
+	}
+	return feed.WriteResult{Generation: feed.Generation(gen), First: feed.Seq(head - n + 1), Last: feed.Seq(head)}, nil
+}
+
+// WriteCommitted writes changes to f in a transaction of its own.
+func (s *Store) WriteCommitted(ctx context.Context, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
+	var res feed.WriteResult
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var err error
+		res, err = s.Write(ctx, tx, f, changes)
+		return err
+	})
+	if err != nil {
+		return feed.WriteResult{}, feed.WriteFailed("writing to feed "+string(f), err)
+	}
+	return res, nil
+}
+
+// ResetTx is a rebuild's feed half, inside the caller's tx: it takes the feed
+// lock first (so a writer in flight finishes before it, and one that starts
+// after waits), moves the generation on and empties the feed, all at the
+// caller's commit. Seqs are not reset, so a cursor of the old generation stays
+// below every row of the new one. It returns the new generation.
+func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.Generation, error) {
+	if tx == nil {
+		return 0, feed.Invalid("tx", "must not be nil")
+	}
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	var gen int64
+	if err := tx.QueryRow(ctx, s.sql.reset, string(f), s.names.channel).Scan(&gen); err != nil {
+		return 0, feed.WriteFailed("resetting feed "+string(f), err)
+	}
+	return feed.Generation(gen), nil
+}
+
+// Head returns f's head; see feed.Reader.
+func (s *Store) Head(ctx context.Context, f feed.FeedName) (feed.Seq, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	var head int64
+	if err := s.db.QueryRow(ctx, s.sql.head, string(f)).Scan(&head); err != nil {
+		return 0, feed.Unreadable("reading the head of feed "+string(f), err)
+	}
+	return feed.Seq(head), nil
+}
+
+// Generation returns f's generation; see feed.Reader.
+func (s *Store) Generation(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	var gen int64
+	if err := s.db.QueryRow(ctx, s.sql.generation, string(f)).Scan(&gen); err != nil {
+		return 0, feed.Unreadable("reading the generation of feed "+string(f), err)
+	}
+	return feed.Generation(gen), nil
+}
+
+// ReadBatch reads up to limit records after seq after, with their generation
+// and the head, in one statement and so one snapshot; see feed.Reader.
+func (s *Store) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, limit int) (feed.Batch, error) {
+	if err := f.Validate(); err != nil {
+		return feed.Batch{}, err
+	}
+	if after < 0 {
+		return feed.Batch{}, feed.Invalid("after", "is %d; seqs are never negative", after)
+	}
+	if limit < 1 || limit > feed.MaxBatchLimit {
+		return feed.Batch{}, feed.Invalid("limit", "is %d; it must be 1 to %d", limit, feed.MaxBatchLimit)
+	}
+	rows, err := s.db.Query(ctx, s.sql.readBatch, string(f), int64(after), int64(limit))
+	if err != nil {
+		return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
+	}
+	defer rows.Close()
+	var b feed.Batch
+	for rows.Next() {
+		var (
+			gen, head int64
+			key       *string
+			seq       *int64
+			doc       []byte
+		)
+		if err := rows.Scan(&gen, &head, &key, &seq, &doc); err != nil {
+			return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
+		}
+		b.Generation, b.Head = feed.Generation(gen), feed.Seq(head)
+		if key == nil {
+			continue // the feed has no rows after `after`: the LEFT JOIN's one empty row
+		}
+		b.Records = append(b.Records, feed.Record{Key: feed.Key(*key), Seq: feed.Seq(*seq), Doc: doc})
+	}
+	if err := rows.Err(); err != nil {
+		return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
+	}
+	if b.Generation == 0 {
+		return feed.Batch{}, feed.Unreadable("reading feed "+string(f), errors.New("the batch query returned no row"))
+	}
+	return b, nil
+}

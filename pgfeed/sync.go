@@ -1,0 +1,307 @@
+package pgfeed
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// errRefused carries a condition out of pgx.BeginFunc so the transaction
+// rolls back and the caller sees the condition itself.
+type errRefused struct{ err error }
+
+func (e errRefused) Error() string { return e.err.Error() }
+
+func unrefuse(err error) error {
+	var r errRefused
+	if errors.As(err, &r) {
+		return r.err
+	}
+	return nil
+}
+
+// ReadCursor returns id's cursor; see feed.SyncStore.
+func (s *Store) ReadCursor(ctx context.Context, id feed.SinkID) (feed.Cursor, error) {
+	if err := id.Validate(); err != nil {
+		return feed.Cursor{}, err
+	}
+	var gen, seq *int64
+	err := s.db.QueryRow(ctx, s.sql.readCursor, string(id.Feed), string(id.Sink)).Scan(&gen, &seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return feed.Cursor{}, nil
+	}
+	if err != nil {
+		return feed.Cursor{}, feed.Unreadable("reading the cursor of "+id.String(), err)
+	}
+	if gen == nil || seq == nil {
+		return feed.Cursor{}, nil
+	}
+	return feed.Cursor{Generation: feed.Generation(*gen), Seq: feed.Seq(*seq)}, nil
+}
+
+// CASCursor makes the fenced move m in one statement, so one transaction; see
+// feed.CursorMove and statements.cas.
+func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	var expGen, expSeq *int64
+	if !m.Expected.IsZero() {
+		g, q := int64(m.Expected.Generation), int64(m.Expected.Seq)
+		expGen, expSeq = &g, &q
+	}
+	unpark := make([]string, len(m.Parked.Unpark))
+	for i, k := range m.Parked.Unpark {
+		unpark[i] = string(k)
+	}
+	// The last park of a key wins, as feed.ParkChange says.
+	last := make(map[feed.Key]int, len(m.Parked.Park))
+	for i, p := range m.Parked.Park {
+		last[p.Key] = i
+	}
+	var (
+		parkKeys    []string
+		parkSeqs    []int64
+		parkReasons []string
+		parkTimes   []time.Time
+	)
+	for i, p := range m.Parked.Park {
+		if last[p.Key] != i {
+			continue
+		}
+		parkKeys = append(parkKeys, string(p.Key))
+		parkSeqs = append(parkSeqs, int64(p.Seq))
+		parkReasons = append(parkReasons, p.Reason)
+		parkTimes = append(parkTimes, p.ParkedAt)
+	}
+	if parkKeys == nil {
+		parkKeys, parkSeqs, parkReasons, parkTimes = []string{}, []int64{}, []string{}, []time.Time{}
+	}
+	var moved int64
+	err := s.db.QueryRow(ctx, s.sql.cas,
+		string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
+		int64(m.Next.Generation), int64(m.Next.Seq), expGen, expSeq, s.now(),
+		m.Parked.Replace, unpark, parkKeys, parkSeqs, parkReasons, parkTimes,
+	).Scan(&moved)
+	if err != nil {
+		return feed.WriteFailed("moving the cursor of "+m.ID.String(), err)
+	}
+	if moved == 0 {
+		return &feed.CursorSupersededError{ID: m.ID}
+	}
+	return nil
+}
+
+// ReadParked returns id's parked records in key order.
+func (s *Store) ReadParked(ctx context.Context, id feed.SinkID) ([]feed.ParkedRecord, error) {
+	if err := id.Validate(); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, s.sql.readParked, string(id.Feed), string(id.Sink))
+	if err != nil {
+		return nil, feed.Unreadable("reading the parked records of "+id.String(), err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (feed.ParkedRecord, error) {
+		var (
+			p   feed.ParkedRecord
+			key string
+			seq int64
+		)
+		err := r.Scan(&key, &seq, &p.Reason, &p.ParkedAt)
+		p.Key, p.Seq = feed.Key(key), feed.Seq(seq)
+		return p, err
+	})
+	if err != nil {
+		return nil, feed.Unreadable("reading the parked records of "+id.String(), err)
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// RetryParked unparks key for id and restamps its row; see feed.SyncStore. One
+// transaction takes the feed lock first, exactly as a writer does, so the new
+// seq is handed out in commit order with every writer's.
+func (s *Store) RetryParked(ctx context.Context, id feed.SinkID, key feed.Key) (bool, error) {
+	if err := id.Validate(); err != nil {
+		return false, err
+	}
+	if err := key.Validate(); err != nil {
+		return false, err
+	}
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		// No generations row means the feed was never written: it has no
+		// row to restamp, and nothing to lock against.
+		if _, err := tx.Exec(ctx, s.sql.lockFeed, string(id.Feed)); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, s.sql.unparkOne, string(id.Feed), string(id.Sink), string(key))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if n == 0 {
+			return errRefused{errNotParked}
+		}
+		_, err = tx.Exec(ctx, s.sql.restamp, string(id.Feed), string(key), s.names.channel)
+		return err
+	})
+	if errors.Is(unrefuse(err), errNotParked) {
+		return false, nil
+	}
+	if err != nil {
+		return false, feed.WriteFailed("retrying parked key "+string(key)+" of "+id.String(), err)
+	}
+	return true, nil
+}
+
+var errNotParked = errors.New("not parked")
+
+// CollectTombstones deletes the tombstones every registered sink has passed,
+// in one statement; see feed.SyncStore and statements.collect.
+func (s *Store) CollectTombstones(ctx context.Context, f feed.FeedName) (int, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := s.db.QueryRow(ctx, s.sql.collect, string(f)).Scan(&n); err != nil {
+		return 0, feed.WriteFailed("collecting the tombstones of feed "+string(f), err)
+	}
+	return int(n), nil
+}
+
+// RemoveSink unregisters id; see feed.SyncStore. One transaction first takes
+// the sink's advisory lock for its own length, which a live advisory lease's
+// session refuses, then deletes the cursor row only when no live lease row
+// holds it, in the same statement as that test, then the parks. Both tests
+// run whatever lease kind this store was built with, since another process may
+// lease the sink with the other kind.
+func (s *Store) RemoveSink(ctx context.Context, id feed.SinkID) (bool, error) {
+	if err := id.Validate(); err != nil {
+		return false, err
+	}
+	var removed bool
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, s.sql.lockSinkXact, s.sinkKey(id)).Scan(&locked); err != nil {
+			return err
+		}
+		if !locked {
+			return errRefused{&feed.LeaseHeldError{ID: id}}
+		}
+		tag, err := tx.Exec(ctx, s.sql.removeCursor, string(id.Feed), string(id.Sink), s.now())
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			var left int64
+			if err := tx.QueryRow(ctx, s.sql.cursorExists, string(id.Feed), string(id.Sink)).Scan(&left); err != nil {
+				return err
+			}
+			if left > 0 {
+				return errRefused{&feed.LeaseHeldError{ID: id}}
+			}
+		}
+		parked, err := tx.Exec(ctx, s.sql.removeParked, string(id.Feed), string(id.Sink))
+		if err != nil {
+			return err
+		}
+		removed = tag.RowsAffected() > 0 || parked.RowsAffected() > 0
+		return nil
+	})
+	if r := unrefuse(err); r != nil {
+		return false, r
+	}
+	if err != nil {
+		return false, feed.WriteFailed("removing sink "+id.String(), err)
+	}
+	return removed, nil
+}
+
+// Describe reports f for an operator; see feed.Description. It is three
+// reads, each its own snapshot.
+func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description, error) {
+	if err := f.Validate(); err != nil {
+		return feed.Description{}, err
+	}
+	fail := func(err error) (feed.Description, error) {
+		return feed.Description{}, feed.Unreadable("describing feed "+string(f), err)
+	}
+	d := feed.Description{Feed: f}
+	var gen, head int64
+	if err := s.db.QueryRow(ctx, `SELECT coalesce(max(generation), 1), coalesce(max(head), 0) FROM `+s.names.generations+` WHERE feed = $1::text`, string(f)).Scan(&gen, &head); err != nil {
+		return fail(err)
+	}
+	d.Generation, d.Head = feed.Generation(gen), feed.Seq(head)
+	rows, err := s.db.Query(ctx, s.sql.describeSinks, string(f))
+	if err != nil {
+		return fail(err)
+	}
+	d.Sinks, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (feed.SinkState, error) {
+		var (
+			st          feed.SinkState
+			sink        string
+			gen, seq    *int64
+			advance     *time.Time
+			holder      *string
+			expires     *time.Time
+			pendingRows int64
+		)
+		if err := r.Scan(&sink, &gen, &seq, &advance, &holder, &expires, &pendingRows); err != nil {
+			return st, err
+		}
+		st.Sink, st.Pending = feed.SinkName(sink), pendingRows
+		if gen != nil && seq != nil {
+			st.Cursor = feed.Cursor{Generation: feed.Generation(*gen), Seq: feed.Seq(*seq)}
+		}
+		if advance != nil {
+			st.LastAdvance = *advance
+		}
+		if holder != nil {
+			st.Lease = &feed.LeaseState{Holder: feed.LeaseHolder(*holder)}
+			if expires != nil {
+				st.Lease.ExpiresAt = *expires
+			}
+		}
+		return st, nil
+	})
+	if err != nil {
+		return fail(err)
+	}
+	if len(d.Sinks) == 0 {
+		d.Sinks = nil
+		return d, nil
+	}
+	rows, err = s.db.Query(ctx, s.sql.describeParked, string(f))
+	if err != nil {
+		return fail(err)
+	}
+	bySink := make(map[feed.SinkName][]feed.ParkedRecord)
+	var (
+		sink, key, reason string
+		seq               int64
+		at                time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&sink, &key, &seq, &reason, &at}, func() error {
+		bySink[feed.SinkName(sink)] = append(bySink[feed.SinkName(sink)], feed.ParkedRecord{Key: feed.Key(key), Seq: feed.Seq(seq), Reason: reason, ParkedAt: at})
+		return nil
+	})
+	if err != nil {
+		return fail(err)
+	}
+	for i := range d.Sinks {
+		d.Sinks[i].Parked = bySink[d.Sinks[i].Sink]
+	}
+	return d, nil
+}
