@@ -1,0 +1,386 @@
+package syncer_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/syncer"
+)
+
+// testOptions are the options a scenario's workers run with: small batches so
+// that a few hundred records make several, and, in real time, short waits.
+func testOptions(t *testing.T, e *env) syncer.Options {
+	o := syncer.Options{
+		BatchSize: 100,
+		Logger:    slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if !e.fakeNow {
+		o.LeaseRetry = 100 * time.Millisecond
+		o.BackoffMin = 10 * time.Millisecond
+		o.BackoffMax = 200 * time.Millisecond
+		o.PollInterval = time.Second
+	}
+	return o
+}
+
+// limit is how long a scenario waits for the workers to get somewhere: fake
+// time inside synctest, where it costs nothing, or real time.
+func (e *env) limit() time.Duration {
+	if e.fakeNow {
+		return 10 * time.Minute
+	}
+	return 60 * time.Second
+}
+
+type running struct {
+	r      *syncer.Runner
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start runs a runner until stop or the end of the test.
+func start(t *testing.T, e *env, reader feed.Reader, store feed.SyncStore, targets []syncer.Target, opts syncer.Options) *running {
+	t.Helper()
+	r, err := syncer.NewRunner(reader, store, targets, opts)
+	if err != nil {
+		t.Fatalf("NewRunner: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(e.ctx))
+	run := &running{r: r, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(run.done)
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	t.Cleanup(run.stop)
+	return run
+}
+
+func (r *running) stop() {
+	r.cancel()
+	<-r.done
+}
+
+// one starts a single worker named worker over world w.
+func one(t *testing.T, e *env, w *world, worker string, opts syncer.Options) (*running, *leaseSpy) {
+	spy := newSpy(e.h.Store)
+	return start(t, e, e.h.Reader, spy, []syncer.Target{{ID: w.id, Sink: w.sinkFor(worker, spy)}}, opts), spy
+}
+
+func key(i int) feed.Key { return feed.Key(fmt.Sprintf("k%05d", i)) }
+
+func (e *env) waitCaughtUp(ids ...feed.SinkID) {
+	e.t.Helper()
+	for _, id := range ids {
+		e.eventually(id.String()+" caught up", e.limit(), func() bool { return e.caughtUp(id) })
+	}
+}
+
+func TestInitialResync(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		for i := range 250 {
+			e.write(feed.Put(key(i), doc(`{"n":%d}`, i)))
+		}
+		e.write(feed.Delete(key(3)), feed.Put(key(4), doc(`{"n":"four"}`)))
+		w := newWorld(e, "search")
+		run, spy := one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+
+		want, last := e.liveDocs()
+		sameDocs(t, "published copy", w.docs(), want)
+		if g := w.generation(); g != feed.FirstGeneration {
+			t.Errorf("published generation %d, want 1", g)
+		}
+		if c, want := e.cursor(w.id), (feed.Cursor{Generation: 1, Seq: last.Head}); c != want {
+			t.Errorf("cursor %v, want %v", c, want)
+		}
+		// The calls: open g1, the rows in ascending seq order in batches of
+		// 100, publish; nothing to the live copy before the publish.
+		var ops []string
+		var seqs []feed.Seq
+		for _, c := range w.log() {
+			ops = append(ops, c.Op)
+			seqs = append(seqs, c.Seqs...)
+		}
+		if want := []string{"open", "target-apply", "target-apply", "target-apply", "publish"}; !slices.Equal(ops, want) {
+			t.Errorf("calls %v, want %v", ops, want)
+		}
+		if len(seqs) != 250 || !slices.IsSorted(seqs) || seqs[0] < 1 || seqs[249] != last.Head {
+			t.Errorf("resync sent %d seqs (sorted %v) ending at %v; want the 250 rows up to %d", len(seqs), slices.IsSorted(seqs), seqs[len(seqs)-1], last.Head)
+		}
+		noProblems(t, w)
+		onlyHolders(t, w)
+
+		e.eventually("idle", e.limit(), func() bool { return run.r.States()[0].Phase == syncer.PhaseIdle })
+		st := run.r.States()[0]
+		if !st.LeaseHeld || st.Holder != spy.holder(w.id) || st.Holder == "" {
+			t.Errorf("state lease %v %q, want held by %q", st.LeaseHeld, st.Holder, spy.holder(w.id))
+		}
+		if st.Cursor != e.cursor(w.id) || st.RecordsSent != 250 || st.Resyncs != 1 || st.Lag != 0 || st.Head != last.Head || st.LastAdvance.IsZero() || st.LastError != nil {
+			t.Errorf("state %+v", st)
+		}
+	})
+}
+
+func TestTombstonesDeleteKeys(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		for i := range 10 {
+			e.write(feed.Put(key(i), doc(`{"n":%d}`, i)))
+		}
+		w := newWorld(e, "cache")
+		one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		if n := len(w.docs()); n != 10 {
+			t.Fatalf("sink holds %d keys after the resync, want 10", n)
+		}
+		e.write(feed.Delete(key(1)), feed.Delete(key(4)), feed.Delete(key(7)), feed.Put(key(8), doc(`{"n":"eight"}`)))
+		e.waitCaughtUp(w.id)
+		want, _ := e.liveDocs()
+		if len(want) != 7 {
+			t.Fatalf("feed has %d live keys, want 7", len(want))
+		}
+		sameDocs(t, "sink after deletes", w.docs(), want)
+		// Every registered sink is past the tombstones: they can go, and the
+		// sink stays as it is.
+		n, err := e.h.Store.CollectTombstones(e.ctx, e.feed)
+		if err != nil || n != 3 {
+			t.Fatalf("collected %d, %v; want 3", n, err)
+		}
+		e.write(feed.Put(key(20), doc(`{"n":20}`)))
+		e.waitCaughtUp(w.id)
+		want, _ = e.liveDocs()
+		sameDocs(t, "sink after collection", w.docs(), want)
+		noProblems(t, w)
+	})
+}
+
+func TestParkUnparkRetry(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "index")
+		bad := func(r feed.Record) string {
+			if strings.Contains(string(r.Doc), "bad") {
+				return "mapping conflict on field bad"
+			}
+			return ""
+		}
+		w.setReject(bad)
+		k1 := e.write(feed.Put("k1", doc(`{"ok":1}`)), feed.Put("k2", doc(`{"bad":1}`)), feed.Put("k3", doc(`{"ok":3}`)))
+		run, _ := one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		// Refused in the resync: parked, and the cursor moved on.
+		p := e.parked(w.id)
+		if len(p) != 1 || p[0].Key != "k2" || p[0].Seq != k1.First+1 || p[0].Reason != "mapping conflict on field bad" || p[0].ParkedAt.IsZero() {
+			t.Fatalf("parked after the resync %+v, want k2 at %d", p, k1.First+1)
+		}
+		if _, ok := w.docs()["k2"]; ok {
+			t.Fatal("the refused k2 is in the sink")
+		}
+
+		// Refused in an incremental batch.
+		k4 := e.write(feed.Put("k4", doc(`{"bad":4}`)), feed.Put("k5", doc(`{"ok":5}`)))
+		e.waitCaughtUp(w.id)
+		p = e.parked(w.id)
+		if len(p) != 2 || p[1].Key != "k4" || p[1].Seq != k4.First {
+			t.Fatalf("parked %+v, want k2 and k4", p)
+		}
+		if c := e.cursor(w.id); c.Seq != k4.Last {
+			t.Fatalf("cursor %v did not move past the parked record to %d", c, k4.Last)
+		}
+		e.eventually("state shows 2 parked", e.limit(), func() bool { return run.r.States()[0].Parked == 2 })
+
+		// A newer version the sink accepts unparks the key.
+		e.write(feed.Put("k2", doc(`{"ok":2}`)))
+		e.waitCaughtUp(w.id)
+		if p = e.parked(w.id); len(p) != 1 || p[0].Key != "k4" {
+			t.Fatalf("parked %+v, want only k4 once k2's newer version was accepted", p)
+		}
+		if d := w.docs()["k2"]; string(d) != `{"ok":2}` {
+			t.Fatalf("k2 in the sink is %s", d)
+		}
+
+		// A retried record reaches the sink once the sink takes it.
+		w.setReject(nil)
+		ok, err := e.h.Store.RetryParked(e.ctx, w.id, "k4")
+		if err != nil || !ok {
+			t.Fatalf("RetryParked: %v, %v", ok, err)
+		}
+		e.waitCaughtUp(w.id)
+		if p = e.parked(w.id); len(p) != 0 {
+			t.Fatalf("parked %+v after the retry, want none", p)
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink after the retry", w.docs(), want)
+		e.eventually("state shows 0 parked", e.limit(), func() bool { return run.r.States()[0].Parked == 0 })
+		noProblems(t, w)
+	})
+}
+
+func TestRejectionReasonCleaned(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		raw := "bad\x00byte \xff and " + strings.Repeat("é", feed.MaxReasonLen)
+		w := newWorld(e, "index")
+		w.setReject(func(feed.Record) string { return raw })
+		e.write(feed.Put("a", doc(`{}`)))
+		one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		p := e.parked(w.id)
+		if len(p) != 1 {
+			t.Fatalf("parked %+v, want a", p)
+		}
+		r := p[0].Reason
+		if !utf8.ValidString(r) || strings.ContainsRune(r, 0) || len(r) > feed.MaxReasonLen || !strings.HasPrefix(r, "bad\uFFFDbyte \uFFFD and é") {
+			t.Fatalf("reason not cleaned: %q (%d bytes)", r[:min(len(r), 40)], len(r))
+		}
+	})
+}
+
+// TestResyncUnderWrites changes the feed while a resync streams it, keys
+// behind and ahead of the stream alike, and checks the fresh copy against the
+// feed's live documents at the moment of the publish, before any incremental
+// batch could make up for a gap.
+func TestResyncUnderWrites(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		for i := range 400 {
+			e.write(feed.Put(key(i), doc(`{"v":0}`)))
+		}
+		w := newWorld(e, "search")
+		var applies atomic.Int32
+		var mu sync.Mutex
+		var publishErr string
+		published := false
+		w.setHook(func(ctx context.Context, c *call) error {
+			switch c.Op {
+			case "target-apply":
+				n := int(applies.Add(1))
+				if n > 3 {
+					return nil
+				}
+				// After batch n-1 (keys below 100·(n-1) are streamed): update
+				// and delete keys behind and ahead, add new ones.
+				behind, ahead := (n-1)*100-7, 350+n
+				if behind < 0 {
+					behind = 5
+				}
+				e.write(
+					feed.Put(key(behind), doc(`{"v":%d}`, n)),
+					feed.Delete(key(behind+1)),
+					feed.Put(key(ahead), doc(`{"v":%d}`, n)),
+					feed.Delete(key(ahead+10)),
+					feed.Put(key(1000+n), doc(`{"new":%d}`, n)),
+				)
+			case "publish":
+				mu.Lock()
+				defer mu.Unlock()
+				published = true
+				want, _ := e.liveDocs()
+				got := c.target.docs()
+				if len(got) != len(want) {
+					publishErr = fmt.Sprintf("target has %d keys at publish, feed %d", len(got), len(want))
+				}
+				for k, v := range want {
+					if string(got[k]) != string(v) {
+						publishErr = fmt.Sprintf("at publish, %q is %s in the target and %s in the feed", k, got[k], v)
+					}
+				}
+			}
+			return nil
+		})
+		one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		mu.Lock()
+		if !published || publishErr != "" {
+			t.Fatalf("published %v: %s", published, publishErr)
+		}
+		mu.Unlock()
+		for _, c := range w.log() {
+			if c.Op == "apply" {
+				t.Fatalf("an incremental apply followed the resync: the resync's cursor stopped short")
+			}
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+		noProblems(t, w)
+	})
+}
+
+// TestGenerationMoves rebuilds the feed in the middle of a resync's stream and
+// again once the worker is caught up: each time the worker resyncs into a
+// fresh copy and publishes the new generation.
+func TestGenerationMoves(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		for i := range 300 {
+			e.write(feed.Put(key(i), doc(`{"g":1}`)))
+		}
+		w := newWorld(e, "search")
+		var applies atomic.Int32
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "target-apply" && c.Gen == 1 && applies.Add(1) == 2 {
+				e.rebuild()
+				for i := range 120 {
+					e.write(feed.Put(key(5000+i), doc(`{"g":2}`)))
+				}
+			}
+			return nil
+		})
+		run, _ := one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		if g := w.generation(); g != 2 {
+			t.Fatalf("published generation %d, want 2", g)
+		}
+		want, _ := e.liveDocs()
+		if len(want) != 120 {
+			t.Fatalf("feed holds %d docs, want 120", len(want))
+		}
+		sameDocs(t, "sink after the mid-stream rebuild", w.docs(), want)
+		var ops []string
+		for _, c := range w.log() {
+			ops = append(ops, fmt.Sprintf("%s/g%d", c.Op, c.Gen))
+		}
+		if !slices.Contains(ops, "abort/g1") || slices.Contains(ops, "publish/g1") || !slices.Contains(ops, "publish/g2") {
+			t.Fatalf("calls %v: want the g1 target aborted, never published, and g2 published", ops)
+		}
+
+		// Caught up, then rebuilt: the incremental read sees generation 3.
+		e.rebuild()
+		e.write(feed.Put("only", doc(`{"g":3}`)))
+		e.waitCaughtUp(w.id)
+		if g, c := w.generation(), e.cursor(w.id); g != 3 || c.Generation != 3 {
+			t.Fatalf("published generation %d, cursor %v; want 3", g, c)
+		}
+		want, _ = e.liveDocs()
+		sameDocs(t, "sink after the second rebuild", w.docs(), want)
+		e.eventually("two more resyncs counted", e.limit(), func() bool { return run.r.States()[0].Resyncs == 2 })
+		noProblems(t, w)
+	})
+}
+
+// TestWakeUp shows that an idle worker sends a commit on its wake-up, not on
+// its poll: the poll interval is an hour, and the commit arrives at once.
+func TestWakeUp(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "cache")
+		opts := testOptions(t, e)
+		opts.PollInterval = time.Hour
+		run, _ := one(t, e, w, "A", opts)
+		e.waitCaughtUp(w.id)
+		e.eventually("idle", e.limit(), func() bool { return run.r.States()[0].Phase == syncer.PhaseIdle })
+		for i := range 3 {
+			start := time.Now()
+			e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+			e.eventually("the write in the sink", time.Minute, func() bool { _, ok := w.docs()[key(i)]; return ok })
+			if d := time.Since(start); d > 10*time.Second {
+				t.Fatalf("commit %d reached the sink after %v", i, d)
+			}
+		}
+	})
+}
