@@ -96,7 +96,9 @@ func newEnv(t *testing.T, b backend) *env {
 	}
 }
 
-func (e *env) id(sink string) feed.SinkID { return feed.SinkID{Feed: e.feed, Sink: feed.SinkName(sink)} }
+func (e *env) id(sink string) feed.SinkID {
+	return feed.SinkID{Feed: e.feed, Sink: feed.SinkName(sink)}
+}
 
 func (e *env) write(changes ...feed.Change) feed.WriteResult {
 	e.t.Helper()
