@@ -442,13 +442,13 @@ func syncRetryParked(t *testing.T, e *env) {
 	if err != nil || !ok {
 		t.Fatalf("RetryParked(a) = %v, %v; want true", ok, err)
 	}
+	if h := e.head(e.feed); h != 4 {
+		t.Fatalf("Head after a retry = %d, want 4: the row is restamped at head + 1", h)
+	}
 	select {
 	case <-sub.C():
 	case <-time.After(waitLimit):
 		t.Errorf("no wake-up within %v of a retry", waitLimit)
-	}
-	if h := e.head(e.feed); h != 4 {
-		t.Errorf("Head after a retry = %d, want 4", h)
 	}
 	// A reader after the sink's cursor sees the key again, at a fresh seq.
 	if diff := sameRecords(e.readAll(e.feed, at.Seq).Records, []feed.Record{rec("a", 4, `{"v":"a"}`)}); diff != "" {
