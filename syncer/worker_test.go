@@ -384,3 +384,36 @@ func TestWakeUp(t *testing.T) {
 		}
 	})
 }
+
+// TestResyncRefusalSuperseded refuses a key's first version during a resync
+// and accepts its newer version, written mid-stream: the key ends in the
+// copy and not in the parked list.
+func TestResyncRefusalSuperseded(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "index")
+		w.setReject(func(r feed.Record) string {
+			if strings.Contains(string(r.Doc), "bad") {
+				return "bad"
+			}
+			return ""
+		})
+		e.write(feed.Put("k0", doc(`{"bad":true}`)))
+		for i := range 150 {
+			e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+		}
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "target-apply" && once.CompareAndSwap(false, true) {
+				e.write(feed.Put("k0", doc(`{"good":true}`)))
+			}
+			return nil
+		})
+		one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		if p := e.parked(w.id); len(p) != 0 {
+			t.Fatalf("parked %+v: the refused version was superseded by an accepted one", p)
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+	})
+}

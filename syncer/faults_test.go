@@ -1,0 +1,259 @@
+package syncer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/syncer"
+)
+
+// TestSinkErrorsBackOff fails the sink for five calls: the cursor stays where
+// it was through every failure, the waits between attempts grow
+// exponentially within their jitter, and the worker then catches up.
+func TestSinkErrorsBackOff(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "webhook")
+		opts := testOptions(t, e)
+		opts.BackoffMin = time.Second
+		opts.BackoffMax = time.Minute
+		if !e.fakeNow {
+			opts.BackoffMin, opts.BackoffMax = 20*time.Millisecond, time.Second
+		}
+		run, _ := one(t, e, w, "A", opts)
+		e.waitCaughtUp(w.id)
+		before := e.cursor(w.id)
+
+		var mu sync.Mutex
+		var at []time.Time
+		var cursors []feed.Cursor
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op != "apply" {
+				return nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(at) == 5 {
+				return nil
+			}
+			at = append(at, time.Now())
+			cur, _ := e.h.Store.ReadCursor(ctx, w.id)
+			cursors = append(cursors, cur)
+			return fmt.Errorf("503 service unavailable (%d)", len(at))
+		})
+		for i := range 30 {
+			e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+		}
+		e.waitCaughtUp(w.id)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(at) != 5 {
+			t.Fatalf("%d failed calls, want 5", len(at))
+		}
+		for i, c := range cursors {
+			if c != before {
+				t.Errorf("failed call %d saw cursor %v; it must stay at %v", i, c, before)
+			}
+		}
+		for i := 1; i < len(at); i++ {
+			nominal := opts.BackoffMin << (i - 1)
+			d := at[i].Sub(at[i-1])
+			lo, hi := nominal/2, nominal
+			if !e.fakeNow {
+				hi += 500 * time.Millisecond // scheduling, in real time
+			}
+			if d < lo || d > hi {
+				t.Errorf("wait before attempt %d was %v, want %v to %v", i+1, d, lo, hi)
+			}
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink after recovery", w.docs(), want)
+		var se *syncer.SinkError
+		if err := run.r.States()[0].LastError; !errors.As(err, &se) || se.Op != "apply" || !strings.Contains(err.Error(), "503") {
+			t.Errorf("last error %v, want the sink's apply error", err)
+		}
+		noProblems(t, w)
+	})
+}
+
+// TestSinkHangCut hangs the sink until its context ends: the worker cuts the
+// call at SinkTimeout, backs off, and catches up once the sink answers again.
+func TestSinkHangCut(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "slow")
+		opts := testOptions(t, e)
+		opts.SinkTimeout = 2 * time.Second
+		run, _ := one(t, e, w, "A", opts)
+		e.waitCaughtUp(w.id)
+		before := e.cursor(w.id)
+
+		type cut struct {
+			waited time.Duration
+			err    error
+		}
+		cuts := make(chan cut, 1)
+		var hung atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op != "apply" || !hung.CompareAndSwap(false, true) {
+				return nil
+			}
+			start := time.Now()
+			<-ctx.Done()
+			cuts <- cut{time.Since(start), ctx.Err()}
+			return ctx.Err()
+		})
+		e.write(feed.Put("a", doc(`{"a":1}`)))
+		var got cut
+		select {
+		case got = <-cuts:
+		case <-time.After(e.limit()):
+			t.Fatal("the sink call was never cut")
+		}
+		if !errors.Is(got.err, context.DeadlineExceeded) {
+			t.Fatalf("the sink's context ended with %v, want its deadline", got.err)
+		}
+		slack := time.Duration(0)
+		if !e.fakeNow {
+			slack = 500 * time.Millisecond
+		}
+		if got.waited < opts.SinkTimeout || got.waited > opts.SinkTimeout+slack {
+			t.Fatalf("the call was cut after %v, want %v", got.waited, opts.SinkTimeout)
+		}
+		if c := e.cursor(w.id); c != before {
+			t.Fatalf("cursor moved to %v during the hung call", c)
+		}
+		e.waitCaughtUp(w.id)
+		if d := w.docs()["a"]; string(d) != `{"a":1}` {
+			t.Fatalf("a in the sink is %s", d)
+		}
+		if err := run.r.States()[0].LastError; !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "deadline") {
+			t.Fatalf("last error %v, want the cut call", err)
+		}
+	})
+}
+
+// TestSinkPanics panics in the sink twice: the worker survives, reports the
+// panic as its last error, and catches up.
+func TestSinkPanics(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "buggy")
+		var panics atomic.Int32
+		w.setHook(func(ctx context.Context, c *call) error {
+			if (c.Op == "target-apply" || c.Op == "apply") && panics.Add(1) <= 2 {
+				panic("nil map in the sink")
+			}
+			return nil
+		})
+		e.write(feed.Put("a", doc(`{"a":1}`)))
+		run, _ := one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		e.write(feed.Put("b", doc(`{"b":1}`)))
+		e.waitCaughtUp(w.id)
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+		if n := panics.Load(); n < 3 {
+			t.Fatalf("%d calls reached the hook, want the 2 panics and more", n)
+		}
+		if err := run.r.States()[0].LastError; err == nil || !strings.Contains(err.Error(), "panic: nil map in the sink") {
+			t.Fatalf("last error %v, want the panic", err)
+		}
+	})
+}
+
+// TestStoreFaults fails reads of the feed and cursor moves for a while: the
+// worker resends (idempotently), never moves the cursor on a failed move, and
+// ends with the feed's documents.
+func TestStoreFaults(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "cache")
+		spy := newSpy(e.h.Store)
+		reader := &faultyReader{Reader: e.h.Reader}
+		reader.fails.Store(3)
+		spy.casFails.Store(3)
+		for i := range 150 {
+			e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+		}
+		run := start(t, e, reader, spy, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", spy)}}, testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		for i := range 50 {
+			e.write(feed.Delete(key(i)))
+		}
+		spy.casFails.Store(2)
+		reader.fails.Store(2)
+		e.waitCaughtUp(w.id)
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+		noProblems(t, w)
+		if n := spy.cas.Load(); n < 2+3+2 {
+			t.Fatalf("%d cursor moves attempted, want at least the 5 failed and 2 that landed", n)
+		}
+		publishes := 0
+		for _, c := range w.log() {
+			if c.Op == "publish" {
+				publishes++
+			}
+		}
+		if publishes < 2 {
+			t.Fatalf("%d publishes: a resync whose cursor move failed must be made again", publishes)
+		}
+		if st := run.r.States()[0]; !errors.Is(st.LastError, feed.ErrWriteFailed) && !errors.Is(st.LastError, feed.ErrUnreadable) {
+			t.Fatalf("last error %v, want an injected store fault", st.LastError)
+		}
+	})
+}
+
+// TestBadRejection has the sink reject a key it was not sent: nothing is
+// parked on that guess, the cursor stays, and the worker goes on once the sink
+// behaves.
+func TestBadRejection(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "liar")
+		spy := newSpy(e.h.Store)
+		var lies atomic.Int32
+		bad := &lyingSink{recSink: w.sinkFor("A", spy), lies: &lies}
+		bad.honest.Store(true)
+		run := start(t, e, e.h.Reader, spy, []syncer.Target{{ID: w.id, Sink: bad}}, testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		before := e.cursor(w.id)
+		bad.honest.Store(false)
+		e.write(feed.Put("real", doc(`{}`)))
+		e.eventually("two lies told", e.limit(), func() bool { return lies.Load() >= 2 })
+		if c := e.cursor(w.id); c != before {
+			t.Fatalf("cursor moved to %v on a batch with a bogus rejection", c)
+		}
+		if p := e.parked(w.id); len(p) != 0 {
+			t.Fatalf("parked %+v on a bogus rejection", p)
+		}
+		var se *syncer.SinkError
+		if err := run.r.States()[0].LastError; !errors.As(err, &se) || !strings.Contains(err.Error(), "not a record of the batch") {
+			t.Fatalf("last error %v, want the sink's broken contract", err)
+		}
+		bad.honest.Store(true)
+		e.waitCaughtUp(w.id)
+		if _, ok := w.docs()["real"]; !ok {
+			t.Fatal("the record never reached the sink")
+		}
+	})
+}
+
+// lyingSink rejects a key it was never sent until it is made honest.
+type lyingSink struct {
+	*recSink
+	lies   *atomic.Int32
+	honest atomic.Bool
+}
+
+func (s *lyingSink) Apply(ctx context.Context, recs []feed.Record) ([]feed.Rejection, error) {
+	rej, err := s.recSink.Apply(ctx, recs)
+	if err == nil && !s.honest.Load() {
+		s.lies.Add(1)
+		rej = append(rej, feed.Rejection{Key: "never-sent", Seq: 1, Reason: "nope"})
+	}
+	return rej, err
+}
