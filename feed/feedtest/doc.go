@@ -1,4 +1,127 @@
-// Package feedtest holds what every implementation of the feed contract tests
-// itself with: a manual clock to drive lease timings without sleeping, and the
-// conformance suites a store, a reader and a sink run from their own tests.
+// Package feedtest is what every implementation of the feed contract tests
+// itself with: the conformance suites a store, a reader and a sink run from
+// their own tests, and ManualClock, which drives lease timings without
+// sleeping. memfeed, the in-memory oracle, passes every suite; a store or sink
+// that passes them keeps the guarantees of the feed package's doc, as far as a
+// black-box test can see them.
+//
+// # Wiring a store
+//
+// A store's test calls RunFeed and RunSyncStore with a NewStore: a function
+// that builds the store for one subtest, bound to the StoreOptions it is given
+// (SuiteLease timings and a ManualClock that replaces the database's clock for
+// every stamp, comparison and lease timer), and returns a StoreHarness. Write
+// commits changes in a transaction of its own; Rebuild is a rebuild's feed
+// half (generation moved on, feed emptied, one transaction). Each subtest calls
+// NewStore once and uses feed names of its own, so subtests run in parallel
+// against one shared database or a schema each. A store with several execution
+// paths (pgx's query exec modes) runs the suites once per path, as River's
+// driver suite is run. The suites count the timers armed on the clock, so a
+// store should arm timers on it only for its leases' heartbeats.
+//
+//	func TestConformance(t *testing.T) {
+//		feedtest.RunFeed(t, newHarness)
+//		feedtest.RunSyncStore(t, newHarness)
+//	}
+//
+// A sink's test calls RunSink with a function that returns a fresh, empty sink
+// against its real server (an index, table or key prefix of its own) and a
+// SinkHarness: how to read what it serves, whether its writes are conditional
+// on seq, and a key it was configured to reject.
+//
+// # Why the suites can fail
+//
+// A suite that passes on everything proves nothing. memfeed's broken_test.go
+// runs RunFeed and RunSyncStore, in a child process, against memfeed with one
+// fault switched on at a time (a move that ignores the holder or the expected
+// cursor, a park that survives a refused move, collection that ignores a sink
+// without a cursor or a parked tombstone, a lease taken while live, EnsureHeld
+// without its margin, a retry that keeps the seq, a batch with the wrong
+// generation, writers without the feed lock) and requires each run to fail in
+// the subtest that covers the broken rule, and the run with no fault to pass.
+// This package's own tests do the same for RunSink with a map sink broken one
+// rule at a time.
+//
+// # What RunFeed proves
+//
+//   - NeverWritten: a feed nobody wrote reads at generation 1, head 0, empty.
+//   - RoundTrip: documents read back as written (compared with JSONEqual, as
+//     jsonb normalises them), at seqs 1, 2, 3 in the order given; an empty
+//     write writes nothing.
+//   - Compaction: one row per key; an update moves its key to a new seq; a
+//     deletion leaves a tombstone with a nil Doc; within a batch the last
+//     change of a key wins and takes one seq.
+//   - ConcurrentWritersCommitOrder: guarantee 2. Eight writers commit while a
+//     reader tails the feed by seq; every write gets a contiguous range, no
+//     seq is handed out twice, and the tail sees every row exactly once, so no
+//     row committed below a seq the tail had passed.
+//   - ReadBatchWindow: ReadBatch honours after and limit, and reports the
+//     generation and head with the records.
+//   - Rebuild: a rebuild moves the generation on and empties the feed; seqs
+//     are not reset, so new rows land above the old head.
+//   - Subscribe: a commit after Subscribe signals it; Close is idempotent.
+//   - FeedsIndependent: seqs, rows and generations are per feed.
+//   - BadInput: guarantee 9. Bad keys, documents (invalid JSON, JSON null, a
+//     \u0000 escape), feed names, limits and afters are refused with an
+//     *feed.InvalidError naming the field, and a batch with one bad change
+//     writes nothing.
+//
+// That an open transaction blocks the next writer of its feed (the feed lock)
+// needs a transaction the harness does not expose; each store tests it itself.
+//
+// # What RunSyncStore proves
+//
+//   - LeaseHeld: a live lease refuses a rival with a *feed.LeaseHeldError for
+//     its SinkID; leases are per (feed, sink).
+//   - ReleaseThenRetake: a released lease is lost to its holder and can be
+//     taken again, each take with a fresh holder.
+//   - ContextEndReleases: the lease lives until its context ends, then frees.
+//   - ExpiryAndFencing: guarantee 4. With its holder frozen (Skip), a rival
+//     is refused 1ms before ttl and takes over at ttl; the old holder's
+//     EnsureHeld fails and its moves and park changes are superseded.
+//   - EnsureHeldMargin: EnsureHeld passes until ttl − margin after the take
+//     and fails from then, while rivals are still refused.
+//   - HeartbeatKeepsLease: renewals on the heartbeat keep the lease past twice
+//     its ttl; the stored expiry is the last renewal plus ttl.
+//   - CASFromZero, CASExpectedMismatch, CASWrongHolder: a move lands only
+//     from the expected cursor (the zero Cursor before the first) and only for
+//     the recorded holder; an unregistered sink cannot be moved.
+//   - RefusedCASChangesNothing: guarantee 5. A refused move changes neither
+//     the cursor, the parked list nor the last advance.
+//   - ParkChanges: feed.ParkChange's order (unpark, then park; last park of a
+//     key wins; Replace), and ReadParked in key order.
+//   - RetryParked: a retry unparks the key and restamps its row, document or
+//     tombstone, at head + 1, so a reader after the sink's cursor sees it
+//     again, and wakes subscribers; a key not parked gives false and changes
+//     nothing.
+//   - CollectTombstones, CollectKeepsParked: guarantee 7. Nothing goes while
+//     no sink is registered or a registered sink has no cursor; only
+//     tombstones at or below every cursor go, never documents; a tombstone
+//     parked for any sink stays, and its retry still works; counts are exact.
+//   - RemoveSink: refused while a live lease is held, allowed after release or
+//     expiry; removes the cursor and parks; false when there is nothing.
+//   - Describe: head, generation, sinks in name order with cursor, last
+//     advance, lease holder and expiry, parked list and pending count.
+//   - BadInput: guarantee 9 for every method: names, keys, holder, cursors,
+//     park seqs, reasons and times, refused before anything is written.
+//
+// Guarantee 8 (mixed lease kinds) concerns the Postgres store's two kinds and
+// is tested there.
+//
+// # What RunSink proves
+//
+//   - Upsert, Delete, DeleteAbsent: a record's document is stored under its
+//     key, a tombstone deletes it, deleting an absent key is no error.
+//   - IdempotentReapply: applying a batch again changes nothing.
+//   - ResyncInvisibleUntilPublish: a resync target is invisible until
+//     Publish, which replaces the whole copy (keys the resync lacks vanish).
+//   - ResyncTombstones: tombstones in a resync stream leave their keys out.
+//   - AbortKeepsLive: Abort leaves the live copy, and a later resync starts
+//     empty.
+//   - ConditionalOnSeq (when the harness says so): an older seq, document or
+//     tombstone, does not replace a newer document.
+//   - Rejection (when the harness has a RejectKey): a refused record comes
+//     back as a feed.Rejection with its key, seq and a reason, not an error,
+//     and the rest of the batch is applied, resyncs included.
+//   - BadInput: OpenResync refuses a generation below 1.
 package feedtest

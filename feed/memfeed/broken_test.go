@@ -25,13 +25,15 @@ import (
 // brokenVariantEnv names the variant a child process runs the suites against.
 const brokenVariantEnv = "KAIROS_MEMFEED_BROKEN_VARIANT"
 
-// brokenVariants are the faults, each with the subtest (under the child test)
-// that must catch it.
-var brokenVariants = []struct {
+type brokenVariant struct {
 	fault    string // the faultSet field
 	set      func(*faultSet)
-	caughtBy string
-}{
+	caughtBy string // the child's subtest that must fail
+}
+
+// brokenVariants are the faults, each with the subtest (under the child test)
+// that must catch it.
+var brokenVariants = []brokenVariant{
 	{"casIgnoresHolder", func(f *faultSet) { f.casIgnoresHolder = true }, "RunSyncStore/CASWrongHolder"},
 	{"casIgnoresExpected", func(f *faultSet) { f.casIgnoresExpected = true }, "RunSyncStore/CASExpectedMismatch"},
 	{"parkSurvivesRefusedCAS", func(f *faultSet) { f.parkSurvivesRefusedCAS = true }, "RunSyncStore/RefusedCASChangesNothing"},
@@ -56,13 +58,7 @@ func TestSuitesOnVariant(t *testing.T) {
 	}
 	var faults faultSet
 	if name != noFault {
-		i := slices.IndexFunc(brokenVariants, func(v struct {
-			fault    string
-			set      func(*faultSet)
-			caughtBy string
-		}) bool {
-			return v.fault == name
-		})
+		i := slices.IndexFunc(brokenVariants, func(v brokenVariant) bool { return v.fault == name })
 		if i < 0 {
 			t.Fatalf("no broken variant %q", name)
 		}
@@ -117,13 +113,7 @@ func TestBrokenVariantsFailTheSuites(t *testing.T) {
 	ft := reflect.TypeFor[faultSet]()
 	for i := range ft.NumField() {
 		name := ft.Field(i).Name
-		if !slices.ContainsFunc(brokenVariants, func(v struct {
-			fault    string
-			set      func(*faultSet)
-			caughtBy string
-		}) bool {
-			return v.fault == name
-		}) {
+		if !slices.ContainsFunc(brokenVariants, func(v brokenVariant) bool { return v.fault == name }) {
 			t.Errorf("faultSet.%s has no broken variant", name)
 		}
 	}
