@@ -82,8 +82,33 @@ func suiteStores(t *testing.T, url string, mode pgx.QueryExecMode, base pgfeed.O
 	return func(st *testing.T, opts feedtest.StoreOptions) feedtest.StoreHarness {
 		o := base
 		o.Lease, o.Clock = opts.Lease, opts.Clock
-		return harness(newStore(st, d, o), d.pool)
+		h := harness(newStore(st, d, o), d.pool)
+		h.Store = armedStore{h.Store, opts.Clock}
+		return h
 	}
+}
+
+// armedStore waits, after each lease taken, until the lease's heartbeat has
+// armed its first timer on the manual clock. leaserow.Start arms it from its
+// goroutine, so without this a suite that skips the clock right after
+// AcquireLease races the goroutine: one that computes its first wait after
+// the skip renews at once (as a worker that fell behind does), and the lease
+// outlives the skip. This is a wart of the engine (reported), not of pgfeed.
+type armedStore struct {
+	feed.SyncStore
+	clock *feedtest.ManualClock
+}
+
+func (s armedStore) AcquireLease(ctx context.Context, id feed.SinkID) (feed.Lease, error) {
+	l, err := s.SyncStore.AcquireLease(ctx, id)
+	if err == nil {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if werr := s.clock.WaitForTimers(wctx, 1); werr != nil {
+			return l, werr
+		}
+	}
+	return l, err
 }
 
 func TestFeedSuite(t *testing.T) {
@@ -92,6 +117,16 @@ func TestFeedSuite(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
 			feedtest.RunFeed(t, suiteStores(t, pgtest.URL(), m.mode, pgfeed.Options{}))
+		})
+	}
+}
+
+func TestSyncStoreSuite(t *testing.T) {
+	t.Parallel()
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			feedtest.RunSyncStore(t, suiteStores(t, pgtest.URL(), m.mode, pgfeed.Options{}))
 		})
 	}
 }
