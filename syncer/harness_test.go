@@ -71,6 +71,18 @@ func forEachBackend(t *testing.T, scenario func(t *testing.T, e *env)) {
 	}
 }
 
+// forEachBackendRealTime runs scenario once per backend in real time, for
+// what fake time cannot measure (rates, latencies).
+func forEachBackendRealTime(t *testing.T, scenario func(t *testing.T, e *env)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			e := newEnv(t, b)
+			e.fakeNow = false
+			scenario(t, e)
+		})
+	}
+}
+
 // env is one scenario's store, feed and shared sink world.
 type env struct {
 	t       *testing.T

@@ -2,6 +2,7 @@ package syncer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -43,11 +44,11 @@ func NewRunner(reader feed.Reader, store feed.SyncStore, targets []Target, opts 
 	r := &Runner{}
 	for i, t := range targets {
 		field := fmt.Sprintf("targets[%d]", i)
-		if err := t.ID.Validate(); err != nil {
-			if ie, ok := err.(*feed.InvalidError); ok {
-				ie.Field = field + ".id." + ie.Field
-			}
-			return nil, err
+		if err := t.ID.Feed.Validate(); err != nil {
+			return nil, renamed(err, field+".id.feed")
+		}
+		if err := t.ID.Sink.Validate(); err != nil {
+			return nil, renamed(err, field+".id.sink")
 		}
 		if t.Sink == nil {
 			return nil, feed.Invalid(field+".sink", "must not be nil")
@@ -59,6 +60,15 @@ func NewRunner(reader feed.Reader, store feed.SyncStore, targets []Target, opts 
 		r.workers = append(r.workers, newWorker(reader, store, t.ID, t.Sink, opts))
 	}
 	return r, nil
+}
+
+// renamed gives an *feed.InvalidError the field name the caller knows.
+func renamed(err error, field string) error {
+	var ie *feed.InvalidError
+	if errors.As(err, &ie) {
+		return &feed.InvalidError{Field: field, Reason: ie.Reason, Err: ie.Err}
+	}
+	return err
 }
 
 // Run starts every worker and blocks until ctx ends and every worker has
