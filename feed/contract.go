@@ -68,8 +68,9 @@ type SyncStore interface {
 	ReadParked(ctx context.Context, id SinkID) ([]ParkedRecord, error)
 	// RetryParked unparks key for the sink and restamps the key's row with a
 	// fresh seq under the exclusive feed lock, so every sink sees it again after
-	// its cursor. It returns false, changing nothing, when the key was not
-	// parked for the sink.
+	// its cursor. A key whose row is gone (a rebuild emptied the feed since it
+	// was parked) is only unparked. It returns false, changing nothing, when the
+	// key was not parked for the sink.
 	RetryParked(ctx context.Context, id SinkID, key Key) (bool, error)
 	// CollectTombstones deletes the feed's tombstones that every registered
 	// sink's cursor is at or past, keeping any tombstone whose key is parked for

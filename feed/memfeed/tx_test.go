@@ -7,9 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/memfeed"
 )
+
+// Leases start heartbeat goroutines; none may outlive its test.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newStore(t *testing.T) *memfeed.Store {
 	t.Helper()
