@@ -146,8 +146,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
 		w.setPhase(PhaseAcquiring)
-		lctx, cancel := context.WithCancel(ctx)
+		// The lease lives until its context ends, and a store clears the row
+		// the moment it does. Were that ctx, shutdown would free the sink while
+		// a call of this worker is still in flight, and a rival could send
+		// beside it. So the lease gets a context of its own, cancelled with ctx
+		// only while the take itself runs, and ended after the release.
+		lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		unlink := context.AfterFunc(ctx, cancel)
 		lease, err := w.store.AcquireLease(lctx, w.id)
+		unlink()
 		if err != nil {
 			cancel()
 			if ctx.Err() != nil {
@@ -165,7 +172,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			continue
 		}
 		failures = 0
-		w.session(lctx, lease)
+		w.session(ctx, lease)
 		w.release(ctx, lease)
 		cancel()
 	}
