@@ -58,14 +58,7 @@ var errGenerationMoved = errors.New("generation moved during the resync")
 // resyncing; a resync whose feed moves on mid-stream aborts its target and
 // starts again.
 //
-// # What it guarantees
-//
-// The cursor moves only after the sink applied everything up to it, and only
-// by this worker's lease (the store fences the move by holder). EnsureHeld is
-// asked before every sink call that changes the sink, and every sink call runs
-// under Options.SinkTimeout, so a lost lease costs at most the one call in
-// flight (feed.LeaseOptions has the arithmetic). Faults never move the cursor
-// and never end Run: they back off and try again.
+// The package doc states what a worker guarantees and how it fails.
 type Worker struct {
 	id      feed.SinkID
 	reader  feed.Reader
@@ -391,28 +384,8 @@ func (s *session) resync(ctx context.Context) error {
 
 // resyncOnce streams the generation of the first batch it reads into a fresh
 // target, in seq order and bounded batches, while writers keep changing the
-// feed.
-//
-// # Why the copy equals the feed's live documents at the last seq read
-//
-// A key's row only ever moves to a higher seq (a new version or a tombstone),
-// and seqs are handed out in commit order. The stream ends on a batch shorter
-// than the limit, so in that batch's snapshot no row lies above the last seq
-// read, L. Take any key's row in that snapshot, at seq s ≤ L. The batch that
-// covered s saw every row at or below its own last seq committed (commit
-// order), and the row at s has not changed since, so that batch read it; every
-// later version of the key was read after it, in seq order. So the target's
-// last word on each key is its row in the final snapshot: a key updated
-// mid-stream is applied twice and ends at its latest version, a key deleted
-// mid-stream ends with its tombstone applied. Tombstones are never collected
-// from under a resync: this sink's cursor is absent or of an older generation,
-// so it is below every row of this one. A rebuild empties the feed and moves
-// the generation in one step; every batch is checked against the generation
-// the target was opened for, and a moved one aborts the target and starts
-// again.
-//
-// The cursor then becomes (generation, L). With nothing read, L is 0, which
-// is below every row of the generation, so nothing is skipped.
+// feed, publishes it and moves the cursor to (generation, last seq read). The
+// package doc ("Why a resync's copy is exact") has the argument.
 func (s *session) resyncOnce(ctx context.Context) (err error) {
 	w := s.w
 	var (
