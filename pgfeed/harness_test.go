@@ -2,6 +2,7 @@ package pgfeed_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -45,10 +46,16 @@ func setup(t *testing.T, url string, mode pgx.QueryExecMode) db {
 	return db{pool: pool, schema: schema}
 }
 
+// quiet drops the warnings fault tests provoke on purpose.
+var quiet = slog.New(slog.DiscardHandler)
+
 // newStore builds a store on d, closed at cleanup.
 func newStore(t testing.TB, d db, opts pgfeed.Options) *pgfeed.Store {
 	t.Helper()
 	opts.Schema = d.schema
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
 	s, err := pgfeed.New(t.Context(), d.pool, opts)
 	if err != nil {
 		t.Fatalf("pgfeed.New: %v", err)
