@@ -1,0 +1,199 @@
+package pgfeed_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/pgfeed"
+)
+
+// tables lists the tables of schema, sorted.
+func tables(t *testing.T, db pgfeed.DBTX, schema string) []string {
+	t.Helper()
+	rows, err := db.Query(t.Context(), `SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// TestMigrateConcurrentAndIdempotent: eight processes migrating one fresh
+// schema at once all succeed, exactly one applies each version, and a later
+// run applies nothing.
+func TestMigrateConcurrentAndIdempotent(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	schema := pgtest.Schema(t)
+	list, err := pgfeed.Migrations(schema, "x_")
+	if err != nil || len(list) == 0 {
+		t.Fatalf("Migrations = %v, %v", list, err)
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		applied []int
+		errs    []error
+	)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each on its own connection, as separate processes would be.
+			conn, err := pgx.Connect(t.Context(), pgtest.URL())
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				return
+			}
+			defer conn.Close(context.Background())
+			got, err := pgfeed.Migrate(t.Context(), conn, schema, "x_")
+			mu.Lock()
+			defer mu.Unlock()
+			applied = append(applied, got...)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("concurrent Migrate: %v", errs)
+	}
+	slices.Sort(applied)
+	var want []int
+	for _, m := range list {
+		want = append(want, m.Version)
+	}
+	if !slices.Equal(applied, want) {
+		t.Fatalf("versions applied across 8 concurrent runs = %v; want each of %v once", applied, want)
+	}
+	if got, err := pgfeed.Migrate(t.Context(), pool, schema, "x_"); err != nil || len(got) != 0 {
+		t.Fatalf("a later Migrate applied %v, %v; want nothing", got, err)
+	}
+	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows"}) {
+		t.Fatalf("tables = %v", got)
+	}
+	var unlogged int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relpersistence <> 'p'`, schema).Scan(&unlogged); err != nil || unlogged != 0 {
+		t.Fatalf("%d tables are not logged (%v); fencing state must survive a crash", unlogged, err)
+	}
+}
+
+// TestMigrationSQLScript: the printed script, run by hand (as a team's own
+// migration tool would) twice, builds a schema the store works on, and
+// Migrate then finds nothing to do.
+func TestMigrationSQLScript(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	schema := pgtest.Schema(t)
+	script, err := pgfeed.MigrationSQL(schema, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(script, `"`+schema+`"."feed_rows"`) {
+		t.Fatalf("the script does not name the quoted, qualified tables:\n%s", script)
+	}
+	for range 2 {
+		if _, err := pool.Exec(t.Context(), script, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatalf("running the script: %v", err)
+		}
+	}
+	if got, err := pgfeed.Migrate(t.Context(), pool, schema, ""); err != nil || len(got) != 0 {
+		t.Fatalf("Migrate after the script applied %v, %v; want nothing", got, err)
+	}
+	s := newStore(t, db{pool: pool, schema: schema}, pgfeed.Options{})
+	if res, err := s.WriteCommitted(t.Context(), "f", []feed.Change{feed.Put("k", []byte(`{"a":1}`))}); err != nil || res.Last != 1 {
+		t.Fatalf("a write on the scripted schema = %+v, %v", res, err)
+	}
+}
+
+// TestDefaultSchemaNames: the zero Options mean schema kairos, prefix feed_.
+func TestDefaultSchemaNames(t *testing.T) {
+	script, err := pgfeed.MigrationSQL("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`CREATE SCHEMA IF NOT EXISTS "kairos"`, `"kairos"."feed_generations"`, `"kairos"."feed_cursors"`} {
+		if !strings.Contains(script, want) {
+			t.Errorf("the default script lacks %s", want)
+		}
+	}
+}
+
+// TestListenerReconnects: when the LISTEN session is terminated, every
+// subscription is signalled once the listener is back (a commit may have
+// been missed meanwhile), and commits after that wake it again.
+func TestListenerReconnects(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	app := "kairos-listen-" + d.schema
+	opts := pgfeed.Options{Listen: func(ctx context.Context) (*pgx.Conn, error) {
+		cfg, err := pgx.ParseConfig(pgtest.URL())
+		if err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["application_name"] = app
+		return pgx.ConnectConfig(ctx, cfg)
+	}}
+	s := newStore(t, d, opts)
+	ctx := t.Context()
+	sub, err := s.Subscribe(ctx, "wake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	other, err := s.Subscribe(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	drain := func(c <-chan struct{}) {
+		for {
+			select {
+			case <-c:
+			default:
+				return
+			}
+		}
+	}
+	wait := func(what string, c <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no wake-up %s within 10s", what)
+		}
+	}
+	drain(sub.C())
+	drain(other.C())
+	if _, err := s.WriteCommitted(ctx, "wake", []feed.Change{feed.Put("a", []byte(`{}`))}); err != nil {
+		t.Fatal(err)
+	}
+	wait("after a commit", sub.C())
+	select {
+	case <-other.C():
+		t.Fatal("a commit to one feed woke another feed's subscription")
+	case <-time.After(100 * time.Millisecond):
+	}
+	terminate(t, d.pool, app)
+	wait("for the feed after the listener reconnected", sub.C())
+	wait("for the other feed after the listener reconnected", other.C())
+	drain(sub.C())
+	if _, err := s.WriteCommitted(ctx, "wake", []feed.Change{feed.Put("b", []byte(`{}`))}); err != nil {
+		t.Fatal(err)
+	}
+	wait("after a commit on the new session", sub.C())
+}
