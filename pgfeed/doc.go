@@ -1,0 +1,94 @@
+// Package pgfeed is the PostgreSQL feed and sync store: the writer an
+// application calls inside its own pgx transaction, the reader and listener a
+// sync worker tails the feed with, and the sync store that keeps each sink's
+// cursor, parked list and lease, all in the source database beside the read
+// model. It implements feed.Writer[pgx.Tx], feed.Reader and feed.SyncStore and
+// passes feedtest's suites in all three pgx exec modes and through PgBouncer.
+//
+// # Schema
+//
+// Migrate creates, in a configurable schema (default "kairos") with a
+// configurable table prefix (default "feed_"), four logged tables:
+//
+//   - generations(feed, generation, head, projection, partition): one row per
+//     feed, created by its first write. This row is the feed lock.
+//   - rows(feed, key, seq, doc jsonb): one row per key, its latest document,
+//     or a tombstone (doc NULL). Unique on (feed, seq).
+//   - cursors(feed, sink, generation, seq, lease_holder, lease_expires_at,
+//     last_advance_at): one row per registered sink. An absent cursor is NULL
+//     generation and seq; an advisory holder has a NULL expiry.
+//   - parked(feed, sink, key, seq, reason, parked_at).
+//
+// Names are validated (^[a-z_][a-z0-9_]*$, within PostgreSQL's 63 bytes with
+// the table name added), always quoted and schema-qualified, never taken from
+// search_path. Migrations are embedded and versioned, each step idempotent, and
+// run in one transaction under an advisory transaction lock, so processes that
+// migrate at once serialise. Teams with their own migration tool take the SQL
+// from MigrationSQL or Migrations.
+//
+// # Commit order
+//
+// A write starts by adding the batch's size to the feed's head with an upsert
+// on its generations row, which hands out a contiguous seq range and holds the
+// row lock to the caller's commit. The next writer of the feed waits for that
+// commit before it gets its range, so seqs become visible in ascending order,
+// whatever the number of writers: a reader that saw seq s never later sees a
+// new row below s. RetryParked and ResetTx take the same lock first. The cost
+// is that writers of one feed serialise on it across their commit; a feed
+// serves one materialisation, which commits in batches. The commit notifies the
+// store's channel (one per schema and prefix, the feed's name as payload).
+//
+// # Time
+//
+// With the system clock, every stored time that decides a lease is stamped and
+// compared by the database's clock_timestamp(), so workers whose clocks
+// disagree still agree on who holds a lease; a worker measures its own lease's
+// age with Go's monotonic clock. An injected feed.Clock replaces both (tests).
+//
+// # Leases
+//
+// Both kinds record the holder on the sink's cursor row, and every cursor move
+// must name it, so a worker whose lease is gone cannot move the cursor or the
+// parked list, whichever kind it held.
+//
+// Lease rows (the default) keep an expiry on the cursor row. The take is one
+// short transaction: it tries the sink's advisory lock for the transaction,
+// then upserts the holder when the row is free, expired, or held by an
+// advisory holder AND that try succeeded (no live advisory session holds the
+// sink, so a crashed advisory worker does not block lease rows forever). A
+// heartbeat renews it; feed.LeaseOptions explains the timings and why
+// EnsureHeld fails a margin early. Every statement is short and stateless, so
+// lease rows work through a transaction pooler and need no reserved
+// connection; their cost is the one stale sink call a worker that pauses past
+// the margin can make.
+//
+// Advisory leases (Options.AdvisoryLock) take a session advisory lock on a
+// connection reserved from a pool dedicated to leases, and record the holder
+// from that same session only while pg_locks shows it holds the lock.
+// EnsureHeld asks that session; no answer is a lost lease. A pause opens no
+// window, since the lock outlives it; what a check cannot see is the session
+// dying after it, so the call it let through may land after a rival took
+// over: again one stale call. The lock session sets TCP keepalives and a user
+// timeout, so a partitioned holder's lock goes within about half a minute. A
+// lease pool recognisably behind a transaction pooler (address signs, or a
+// backend pid that differs from the one the handshake announced) is refused by
+// New.
+//
+// Mixing the kinds on one sink fails safe: neither takes the row from a live
+// holder of the other. An advisory worker that gets the lock but finds a live
+// lease row lets the lock go and reports the lease held.
+//
+// # Transaction poolers
+//
+// Through PgBouncer in transaction mode (exec or simple-protocol mode; cached
+// prepared statements need a pooler that tracks them), everything works but
+// two things: the advisory lease (refused), and LISTEN, which a pooler does
+// not deliver; give Options.Listen a direct connection, or rely on polling.
+//
+// # Failures
+//
+// Caller mistakes are *feed.InvalidError, returned before any statement runs.
+// Infrastructure faults are *feed.UnreadableError on reads and
+// *feed.WriteFailedError on writes, wrapping the pgx error; the sync driver
+// backs off and tries again. No error repeats a connection string.
+package pgfeed
