@@ -45,7 +45,7 @@ func (arrivalTarget) Abort(context.Context) error                               
 // figure is the wake-up path (LISTEN/NOTIFY), never the poll. It reports the
 // p50 and p99 latency of b.N single-change commits.
 func BenchmarkCommitToSink(b *testing.B) {
-	store, _ := newPG(b, pgfeed.Options{})
+	store, _, _ := newPG(b, pgfeed.Options{})
 	f := feed.FeedName("latency")
 	id := feed.SinkID{Feed: f, Sink: "s"}
 	sink := &arrivalSink{arrived: make(chan arrival, 16)}
@@ -114,7 +114,7 @@ func BenchmarkCatchUp(b *testing.B) {
 	const rows = 100_000
 	for range b.N {
 		b.StopTimer()
-		store, _ := newPG(b, pgfeed.Options{})
+		store, _, _ := newPG(b, pgfeed.Options{})
 		f := feed.FeedName("catchup")
 		id := feed.SinkID{Feed: f, Sink: "s"}
 		sink := &countSink{}

@@ -1,6 +1,7 @@
 package syncer_test
 
 import (
+	"os"
 	"testing"
 	"testing/synctest"
 
@@ -9,7 +10,11 @@ import (
 
 // TestMain fails the package if any worker, heartbeat or subscription
 // goroutine outlives the tests: shutdown must stop them all.
+// A rival process of TestRivalProcesses runs its runner instead.
 func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(rivalChild())
+	}
 	goleak.VerifyTestMain(m)
 }
 

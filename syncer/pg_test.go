@@ -19,7 +19,7 @@ import (
 var pgBackend = backend{
 	name: "pgfeed",
 	new: func(t *testing.T) feedtest.StoreHarness {
-		s, pool := newPG(t, pgfeed.Options{})
+		s, pool, _ := newPG(t, pgfeed.Options{})
 		return pgHarness(s, pool)
 	},
 }
@@ -27,7 +27,7 @@ var pgBackend = backend{
 func init() { backends = append(backends, pgBackend) }
 
 // newPG returns a store over a fresh migrated schema, on a pool of its own.
-func newPG(t testing.TB, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool) {
+func newPG(t testing.TB, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool, string) {
 	t.Helper()
 	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	schema := pgtest.Schema(t)
@@ -42,7 +42,7 @@ func newPG(t testing.TB, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool) {
 		t.Fatalf("pgfeed.New: %v", err)
 	}
 	t.Cleanup(s.Close)
-	return s, pool
+	return s, pool, schema
 }
 
 func pgHarness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
