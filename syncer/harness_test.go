@@ -15,6 +15,7 @@ import (
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/feed/memfeed"
+	"github.com/kairos-es/kairos/syncer"
 )
 
 // backend builds the store a scenario runs over. Scenarios take a backend so
@@ -24,7 +25,9 @@ type backend struct {
 	name string
 	// synctest: the scenario runs inside testing/synctest, on fake time.
 	synctest bool
-	new      func(t *testing.T) feedtest.StoreHarness
+	// leaseKind is the kind of lease the store hands out.
+	leaseKind syncer.LeaseKind
+	new       func(t *testing.T) feedtest.StoreHarness
 }
 
 var memBackend = backend{
@@ -313,7 +316,8 @@ func (w *world) heldInStore(h feed.LeaseHolder) bool {
 	}
 	for _, s := range d.Sinks {
 		if s.Sink == w.id.Sink {
-			return s.Lease != nil && s.Lease.Holder == h && s.Lease.ExpiresAt.After(time.Now())
+			// An advisory holder has no expiry: it lasts with its session.
+			return s.Lease != nil && s.Lease.Holder == h && (s.Lease.ExpiresAt.IsZero() || s.Lease.ExpiresAt.After(time.Now()))
 		}
 	}
 	return false

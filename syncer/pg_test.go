@@ -12,6 +12,7 @@ import (
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
 	"github.com/kairos-es/kairos/pgfeed"
+	"github.com/kairos-es/kairos/syncer"
 )
 
 // pgBackend runs the scenarios on PostgreSQL, in real time: a schema of the
@@ -24,7 +25,19 @@ var pgBackend = backend{
 	},
 }
 
-func init() { backends = append(backends, pgBackend) }
+// pgAdvisoryBackend is pgBackend with advisory-lock leases, on a pool of
+// their own.
+var pgAdvisoryBackend = backend{
+	name:      "pgfeed-advisory",
+	leaseKind: syncer.AdvisoryLock,
+	new: func(t *testing.T) feedtest.StoreHarness {
+		leases := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+		s, pool, _ := newPG(t, pgfeed.Options{AdvisoryLock: leases})
+		return pgHarness(s, pool)
+	},
+}
+
+func init() { backends = append(backends, pgBackend, pgAdvisoryBackend) }
 
 // newPG returns a store over a fresh migrated schema, on a pool of its own.
 func newPG(t testing.TB, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool, string) {
