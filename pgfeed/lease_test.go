@@ -265,6 +265,21 @@ func terminate(t *testing.T, pool *pgxpool.Pool, app string) {
 	if n == 0 {
 		t.Fatalf("no session named %s to terminate", app)
 	}
+	// pg_terminate_backend only signals; the backend (and its locks) goes a
+	// moment later.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminated session %s is still there after 10s", app)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // TestAdvisoryLease covers the advisory kind on real PostgreSQL: a rival is
