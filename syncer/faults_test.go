@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -257,4 +258,76 @@ func (s *lyingSink) Apply(ctx context.Context, recs []feed.Record) ([]feed.Rejec
 		rej = append(rej, feed.Rejection{Key: "never-sent", Seq: 1, Reason: "nope"})
 	}
 	return rej, err
+}
+
+// invalidStore refuses ReadCursor as invalid input while broken is set: a bug
+// in the store or the worker, not a passing fault.
+type invalidStore struct {
+	feed.SyncStore
+	broken atomic.Bool
+	calls  atomic.Int32
+}
+
+func (s *invalidStore) ReadCursor(ctx context.Context, id feed.SinkID) (feed.Cursor, error) {
+	if s.broken.Load() {
+		s.calls.Add(1)
+		return feed.Cursor{}, feed.Invalid("id", "refused on purpose")
+	}
+	return s.SyncStore.ReadCursor(ctx, id)
+}
+
+// levelCounter counts log records at error level.
+type levelCounter struct {
+	slog.Handler
+	errors *atomic.Int32
+}
+
+func (h levelCounter) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		h.errors.Add(1)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h levelCounter) WithAttrs(as []slog.Attr) slog.Handler {
+	return levelCounter{h.Handler.WithAttrs(as), h.errors}
+}
+
+// TestStoreSaysInvalid has the store call the worker's input invalid: the
+// worker logs it as an error, backs off rather than spinning, and recovers
+// once the store does.
+func TestStoreSaysInvalid(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		store := &invalidStore{SyncStore: e.h.Store}
+		store.broken.Store(true)
+		var errorLogs atomic.Int32
+		opts := testOptions(t, e)
+		opts.BackoffMin, opts.BackoffMax = 100*time.Millisecond, time.Second
+		opts.Logger = slog.New(levelCounter{opts.Logger.Handler(), &errorLogs})
+		spy := newSpy(store)
+		run := start(t, e, e.h.Reader, spy, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", spy)}}, opts)
+		began := time.Now()
+		e.eventually("three refusals", e.limit(), func() bool { return store.calls.Load() >= 3 })
+		time.Sleep(5 * time.Second)
+		// Over 5s and more with waits of 50ms, 100ms, … capped at 1s, a
+		// worker that backs off asks at most a dozen times; one that spins
+		// asks thousands of times.
+		elapsed := time.Since(began)
+		if n := store.calls.Load(); n > int32(elapsed/(opts.BackoffMax/2))+8 {
+			t.Fatalf("%d refused reads in %v: the worker is not backing off", n, elapsed)
+		}
+		if n := errorLogs.Load(); n < 3 {
+			t.Fatalf("%d error-level logs for %d invalid-input refusals", n, store.calls.Load())
+		}
+		if err := run.r.States()[0].LastError; !errors.Is(err, feed.ErrInvalid) {
+			t.Fatalf("last error %v, want the store's refusal", err)
+		}
+		store.broken.Store(false)
+		e.write(feed.Put("a", doc(`{}`)))
+		e.waitCaughtUp(w.id)
+		if _, ok := w.docs()["a"]; !ok {
+			t.Fatal("the worker never recovered")
+		}
+	})
 }
