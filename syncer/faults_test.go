@@ -331,3 +331,56 @@ func TestStoreSaysInvalid(t *testing.T) {
 		}
 	})
 }
+
+// hollowStore hands out leases that are lost at once.
+type hollowStore struct {
+	feed.SyncStore
+	takes atomic.Int32
+}
+
+func (s *hollowStore) AcquireLease(ctx context.Context, id feed.SinkID) (feed.Lease, error) {
+	// Past a few hundred takes the worker is spinning; refusing then lets a
+	// synctest bubble's time move again, so the test fails rather than hangs.
+	if s.takes.Load() > 300 {
+		return nil, &feed.LeaseHeldError{ID: id}
+	}
+	l, err := s.SyncStore.AcquireLease(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.takes.Add(1)
+	return hollowLease{l}, nil
+}
+
+type hollowLease struct{ feed.Lease }
+
+func (l hollowLease) EnsureHeld(context.Context) error {
+	return &feed.LeaseLostError{ID: l.ID(), Reason: "hollow on purpose"}
+}
+
+// TestLeaseNeverHolds gives the worker leases that are lost before it can
+// send: it never calls the sink, and it backs off between takes instead of
+// spinning on take and release.
+func TestLeaseNeverHolds(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		store := &hollowStore{SyncStore: e.h.Store}
+		opts := testOptions(t, e)
+		opts.BackoffMin, opts.BackoffMax = 100*time.Millisecond, time.Second
+		e.write(feed.Put("a", doc(`{}`)))
+		run := start(t, e, e.h.Reader, store, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", nil)}}, opts)
+		began := time.Now()
+		e.eventually("three takes", e.limit(), func() bool { return store.takes.Load() >= 3 })
+		time.Sleep(5 * time.Second)
+		elapsed := time.Since(began)
+		if n := store.takes.Load(); n > int32(elapsed/(opts.BackoffMax/2))+8 {
+			t.Fatalf("%d leases taken in %v: the worker is not backing off", n, elapsed)
+		}
+		if calls := w.log(); len(calls) != 0 {
+			t.Fatalf("%d sink calls under leases that never held, first %s", len(calls), calls[0].Op)
+		}
+		if err := run.r.States()[0].LastError; !errors.Is(err, feed.ErrLeaseLost) {
+			t.Fatalf("last error %v, want the lost lease", err)
+		}
+	})
+}

@@ -164,10 +164,18 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.backoff(ctx, failures)
 			continue
 		}
-		failures = 0
-		w.session(ctx, lease)
+		progressed := w.session(ctx, lease)
 		w.release(ctx, lease)
 		cancel()
+		// A lease lost before the session got anything done counts as a
+		// fault, so a store whose leases do not hold makes the worker back
+		// off instead of spinning on take and release.
+		if progressed {
+			failures = 0
+		} else if ctx.Err() == nil {
+			failures++
+			w.backoff(ctx, failures)
+		}
 	}
 	return nil
 }
@@ -197,7 +205,9 @@ type session struct {
 	parked map[feed.Key]feed.Seq
 }
 
-func (w *Worker) session(ctx context.Context, lease feed.Lease) {
+// session works under one lease until the lease is gone or ctx ends. It
+// reports whether any step succeeded.
+func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool) {
 	s := &session{w: w, lease: lease}
 	defer func() {
 		if s.sub != nil {
@@ -212,6 +222,7 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) {
 		switch {
 		case err == nil:
 			failures = 0
+			progressed = true
 			if idle {
 				s.wait(ctx)
 			}
@@ -228,6 +239,7 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) {
 			w.backoff(ctx, failures)
 		}
 	}
+	return progressed
 }
 
 // step does one unit of work: a resync, one incremental batch, or finding the
