@@ -121,12 +121,19 @@ type faultyDB struct {
 	mu    sync.Mutex
 	fault string // "", "fail" or "hang"
 	seen  chan string
+	// renewals records every renewal statement that reached the database.
+	renewals []call
+}
+
+type call struct {
+	sql  string
+	args []any
 }
 
 func (f *faultyDB) set(fault string) { f.mu.Lock(); f.fault = fault; f.mu.Unlock() }
 
 func (f *faultyDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if strings.Contains(sql, "greatest(lease_expires_at") {
+	if isRenewal(sql) {
 		f.mu.Lock()
 		fault := f.fault
 		f.mu.Unlock()
@@ -138,6 +145,11 @@ func (f *faultyDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 			<-ctx.Done()
 			return pgconn.CommandTag{}, ctx.Err()
 		}
+	}
+	if isRenewal(sql) {
+		f.mu.Lock()
+		f.renewals = append(f.renewals, call{sql, args})
+		f.mu.Unlock()
 	}
 	return f.Pool.Exec(ctx, sql, args...)
 }
@@ -383,4 +395,64 @@ func TestAdvisoryLease(t *testing.T) {
 		wantErr(t, "EnsureHeld after the context ended", a.EnsureHeld(ctx), feed.ErrLeaseLost)
 		_ = a.Release(ctx)
 	})
+}
+
+// TestRenewalNeverMovesExpiryBack: a renewal that lands late (abandoned by
+// its heartbeat, then delivered by the network after a newer one landed) must
+// not move the stored expiry back, or a rival could take the lease while the
+// holder's EnsureHeld, judged from the newer renewal, still passes.
+func TestRenewalNeverMovesExpiryBack(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	clock := feedtest.NewManualClock(leaseEpoch)
+	fdb := &faultyDB{Pool: d.pool, seen: make(chan string, 16)}
+	s, err := pgfeed.New(t.Context(), fdb, pgfeed.Options{Schema: d.schema, Clock: clock, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx := t.Context()
+	id := feed.SinkID{Feed: "back", Sink: "s"}
+	l := mustAcquire(t, s, ctx, id)
+	for range 2 {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := clock.WaitForTimers(wctx, 1); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cancel()
+		clock.Advance(feed.DefaultLeaseHeartbeat)
+		<-fdb.seen
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := clock.WaitForTimers(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	expiry := func() time.Time {
+		t.Helper()
+		desc, err := s.Describe(ctx, id.Feed)
+		if err != nil || len(desc.Sinks) != 1 || desc.Sinks[0].Lease == nil || desc.Sinks[0].Lease.Holder != l.Holder() {
+			t.Fatalf("Describe = %+v, %v", desc.Sinks, err)
+		}
+		return desc.Sinks[0].Lease.ExpiresAt
+	}
+	want := clock.Now().Add(feed.DefaultLeaseTTL) // the second renewal's
+	if got := expiry(); !got.Equal(want) {
+		t.Fatalf("expiry after two renewals = %v; want %v", got, want)
+	}
+	fdb.mu.Lock()
+	first := fdb.renewals[0]
+	fdb.mu.Unlock()
+	if _, err := d.pool.Exec(ctx, first.sql, first.args...); err != nil {
+		t.Fatalf("replaying the first renewal: %v", err)
+	}
+	if got := expiry(); !got.Equal(want) {
+		t.Fatalf("a late first renewal moved the expiry from %v to %v", want, got)
+	}
+}
+
+// isRenewal recognises the lease-row renewal statement.
+func isRenewal(sql string) bool {
+	return strings.HasPrefix(sql, "UPDATE") && strings.Contains(sql, "SET lease_expires_at =")
 }

@@ -44,6 +44,9 @@ func (s *Store) startListener() (*listener, error) {
 	if s.listener != nil {
 		return s.listener, nil
 	}
+	if s.closed {
+		return nil, feed.Unreadable("subscribing", errors.New("the store is closed"))
+	}
 	if s.listen == nil {
 		return nil, feed.Invalid("options.listen", "is needed to subscribe when db is neither a *pgxpool.Pool nor a *pgx.Conn")
 	}

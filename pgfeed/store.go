@@ -29,6 +29,7 @@ type Store struct {
 
 	listenMu sync.Mutex
 	listener *listener
+	closed   bool
 	listen   func(ctx context.Context) (*pgx.Conn, error)
 }
 
@@ -95,11 +96,12 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 }
 
 // Close stops the listener, if one runs, and waits for it. Subscriptions stop
-// being signalled. It does not close db, which is the caller's.
+// being signalled, and Subscribe fails from then on. It does not close db,
+// which is the caller's, nor release leases, which are their holders'.
 func (s *Store) Close() {
 	s.listenMu.Lock()
 	l := s.listener
-	s.listener = nil
+	s.listener, s.closed = nil, true
 	s.listenMu.Unlock()
 	if l != nil {
 		l.close()
