@@ -14,12 +14,17 @@ type statements struct {
 	// the batch's rows at those seqs from arrays, and notifies the feed's
 	// channel, all in one statement. The row lock is held to the caller's
 	// commit, so the next writer's range is handed out after this commit: seq
-	// order is commit order.
+	// order is commit order. One statement is safe here although it may wait
+	// for the lock: both its upserts act on the latest committed row versions,
+	// not on the statement's snapshot.
 	write string
-	// reset is a rebuild's feed half: take the feed lock, move the generation
-	// on (a never-written feed goes from 1 to 2), empty the feed, notify.
-	// Seqs are not reset.
-	reset string
+	// reset takes the feed lock and moves the generation on (a never-written
+	// feed goes from 1 to 2); emptyFeed then deletes the feed's rows and
+	// notifies. Two statements, not one: a statement that waited for the
+	// lock still reads with the snapshot it started with, so a DELETE in the
+	// same statement would miss the rows of the writer it waited for. Seqs are
+	// not reset.
+	reset, emptyFeed string
 	// head and generation read the generations row; no row means head 0 and
 	// generation 1.
 	head, generation string
@@ -51,13 +56,14 @@ type statements struct {
 
 	// readCursor reads a sink's cursor (NULLs when absent).
 	readCursor string
-	// cas is the fenced cursor move and its park changes in one statement:
-	// the update lands only when the row names the holder and the cursor is
-	// the expected one, and the park changes are conditional on that update,
-	// so a lost guard changes nothing. Keys parked by the move are excluded
-	// from its deletes, because one statement may not both delete and upsert
-	// the same row; the upsert overwrites them anyway.
-	cas string
+	// cas is the fenced cursor move: it lands only when the row names the
+	// holder and the cursor is the expected one, and it locks the row, so
+	// moves of one sink serialise. casParks, in the same transaction after a
+	// move that landed, applies the park changes (replace or unpark, then
+	// park). Keys the move parks are left out of its deletes, because one
+	// statement may not both delete and upsert a row; the upsert overwrites
+	// them anyway.
+	cas, casParks string
 	// readParked lists a sink's parked records in key (byte) order.
 	readParked string
 	// lockFeed takes the feed lock for a retry, as a writer would.
@@ -105,14 +111,10 @@ func (n names) statements() statements {
 )
 SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
 
-		reset: `WITH g AS (
-	INSERT INTO ` + g + ` AS g (feed, generation) VALUES ($1::text, 2)
-	ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
-	RETURNING g.generation
-), d AS (
-	DELETE FROM ` + r + ` WHERE feed = $1::text
-)
-SELECT g.generation FROM g, LATERAL (SELECT pg_notify($2::text, $1::text)) AS n`,
+		reset: `INSERT INTO ` + g + ` AS g (feed, generation) VALUES ($1::text, 2)
+ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
+RETURNING g.generation`,
+		emptyFeed: `WITH d AS (DELETE FROM ` + r + ` WHERE feed = $1::text) SELECT pg_notify($2::text, $1::text)`,
 
 		head:       `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
 		generation: `SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text`,
@@ -148,24 +150,19 @@ RETURNING 1`,
 		unlock:    `SELECT pg_advisory_unlock($1::bigint)`,
 
 		readCursor: `SELECT generation, seq FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
-		cas: `WITH moved AS (
-	UPDATE ` + c + ` SET generation = $4::bigint, seq = $5::bigint, last_advance_at = ` + nowAt(8) + `
-	WHERE feed = $1::text AND sink = $2::text AND lease_holder = $3::text
-	  AND generation IS NOT DISTINCT FROM $6::bigint AND seq IS NOT DISTINCT FROM $7::bigint
-	RETURNING 1
-), cleared AS (
+		cas: `UPDATE ` + c + ` SET generation = $4::bigint, seq = $5::bigint, last_advance_at = ` + nowAt(8) + `
+WHERE feed = $1::text AND sink = $2::text AND lease_holder = $3::text
+  AND generation IS NOT DISTINCT FROM $6::bigint AND seq IS NOT DISTINCT FROM $7::bigint`,
+		casParks: `WITH cleared AS (
 	DELETE FROM ` + p + ` AS p
-	WHERE p.feed = $1::text AND p.sink = $2::text AND EXISTS (SELECT 1 FROM moved)
-	  AND ($9::boolean OR p.key = ANY ($10::text[]))
-	  AND NOT (p.key = ANY ($11::text[]))
-), parked AS (
-	INSERT INTO ` + p + ` AS p (feed, sink, key, seq, reason, parked_at)
-	SELECT $1::text, $2::text, k.key, k.seq, k.reason, k.parked_at
-	FROM unnest($11::text[], $12::bigint[], $13::text[], $14::timestamptz[]) AS k(key, seq, reason, parked_at)
-	WHERE EXISTS (SELECT 1 FROM moved)
-	ON CONFLICT (feed, sink, key) DO UPDATE SET seq = excluded.seq, reason = excluded.reason, parked_at = excluded.parked_at
+	WHERE p.feed = $1::text AND p.sink = $2::text
+	  AND ($3::boolean OR p.key = ANY ($4::text[]))
+	  AND NOT (p.key = ANY ($5::text[]))
 )
-SELECT count(*) FROM moved`,
+INSERT INTO ` + p + ` AS p (feed, sink, key, seq, reason, parked_at)
+SELECT $1::text, $2::text, k.key, k.seq, k.reason, k.parked_at
+FROM unnest($5::text[], $6::bigint[], $7::text[], $8::timestamptz[]) AS k(key, seq, reason, parked_at)
+ON CONFLICT (feed, sink, key) DO UPDATE SET seq = excluded.seq, reason = excluded.reason, parked_at = excluded.parked_at`,
 		readParked: `SELECT key, seq, reason, parked_at FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text ORDER BY key`,
 		lockFeed:   `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
 		unparkOne:  `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text AND key = $3::text RETURNING seq`,

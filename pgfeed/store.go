@@ -178,7 +178,10 @@ func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.G
 		return 0, err
 	}
 	var gen int64
-	if err := tx.QueryRow(ctx, s.sql.reset, string(f), s.names.channel).Scan(&gen); err != nil {
+	if err := tx.QueryRow(ctx, s.sql.reset, string(f)).Scan(&gen); err != nil {
+		return 0, feed.WriteFailed("resetting feed "+string(f), err)
+	}
+	if _, err := tx.Exec(ctx, s.sql.emptyFeed, string(f), s.names.channel); err != nil {
 		return 0, feed.WriteFailed("resetting feed "+string(f), err)
 	}
 	return feed.Generation(gen), nil

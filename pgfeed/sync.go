@@ -43,7 +43,8 @@ func (s *Store) ReadCursor(ctx context.Context, id feed.SinkID) (feed.Cursor, er
 	return feed.Cursor{Generation: feed.Generation(*gen), Seq: feed.Seq(*seq)}, nil
 }
 
-// CASCursor makes the fenced move m in one statement, so one transaction; see
+// CASCursor makes the fenced move m in one transaction: the guarded move,
+// then its park changes, which a lost guard rolls back with it; see
 // feed.CursorMove and statements.cas.
 func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 	if err := m.Validate(); err != nil {
@@ -81,17 +82,28 @@ func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 	if parkKeys == nil {
 		parkKeys, parkSeqs, parkReasons, parkTimes = []string{}, []int64{}, []string{}, []time.Time{}
 	}
-	var moved int64
-	err := s.db.QueryRow(ctx, s.sql.cas,
-		string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
-		int64(m.Next.Generation), int64(m.Next.Seq), expGen, expSeq, s.now(),
-		m.Parked.Replace, unpark, parkKeys, parkSeqs, parkReasons, parkTimes,
-	).Scan(&moved)
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, s.sql.cas,
+			string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
+			int64(m.Next.Generation), int64(m.Next.Seq), expGen, expSeq, s.now())
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errRefused{&feed.CursorSupersededError{ID: m.ID}}
+		}
+		if !m.Parked.Replace && len(unpark) == 0 && len(parkKeys) == 0 {
+			return nil
+		}
+		_, err = tx.Exec(ctx, s.sql.casParks, string(m.ID.Feed), string(m.ID.Sink),
+			m.Parked.Replace, unpark, parkKeys, parkSeqs, parkReasons, parkTimes)
+		return err
+	})
+	if r := unrefuse(err); r != nil {
+		return r
+	}
 	if err != nil {
 		return feed.WriteFailed("moving the cursor of "+m.ID.String(), err)
-	}
-	if moved == 0 {
-		return &feed.CursorSupersededError{ID: m.ID}
 	}
 	return nil
 }
