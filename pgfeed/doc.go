@@ -82,8 +82,9 @@
 //
 // Through PgBouncer in transaction mode (exec or simple-protocol mode; cached
 // prepared statements need a pooler that tracks them), everything works but
-// two things: the advisory lease (refused), and LISTEN, which a pooler does
-// not deliver; give Options.Listen a direct connection, or rely on polling.
+// two things: the advisory lease (refused by New), and LISTEN, which a pooler
+// does not deliver (the listener detects it and logs a warning); give
+// Options.Listen a direct connection, or rely on the workers' polling.
 //
 // # Failures
 //

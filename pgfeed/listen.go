@@ -31,6 +31,8 @@ type listener struct {
 	subs  map[feed.FeedName]map[*subscription]struct{}
 	ready chan struct{} // closed once the first LISTEN is in place
 	isUp  bool
+
+	warned bool // the pooler warning was logged; only run's goroutine uses it
 }
 
 const (
@@ -102,6 +104,17 @@ func (l *listener) session(ctx context.Context) error {
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+quoteIdent(l.s.names.channel), pgx.QueryExecModeSimpleProtocol); err != nil {
 		return err
+	}
+	// Behind a transaction pooler the LISTEN went to a server session the
+	// pooler has already handed on, and no notification will come back.
+	// Workers still poll, so this is a warning, not an error.
+	var backend uint32
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`, pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
+		return err
+	}
+	if backend != conn.PgConn().PID() && !l.warned {
+		l.warned = true
+		l.s.logger.Warn("the feed listener's connection goes through a transaction pooler, which does not deliver notifications; workers will fall back to polling. Set pgfeed.Options.Listen to a direct connection", "schema", l.s.names.schema)
 	}
 	l.mu.Lock()
 	if !l.isUp {

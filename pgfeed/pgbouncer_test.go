@@ -3,8 +3,10 @@ package pgfeed_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,6 +102,61 @@ func TestAdvisoryRefusesPooler(t *testing.T) {
 				if strings.Contains(err.Error(), secret) {
 					t.Errorf("the refusal repeats %q: %v", secret, err)
 				}
+			}
+		})
+	}
+}
+
+// recorder keeps the messages logged at warning level or above.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *recorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	return nil
+}
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *recorder) WithGroup(string) slog.Handler      { return r }
+
+func (r *recorder) has(sub string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.msgs {
+		if strings.Contains(m, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestListenerWarnsBehindPooler: a store whose listener would LISTEN through
+// PgBouncer says so, since its wake-ups cannot arrive; a direct listener
+// does not.
+func TestListenerWarnsBehindPooler(t *testing.T) {
+	t.Parallel()
+	url := pgbouncerURL(t)
+	for _, c := range []struct {
+		name   string
+		listen func(context.Context) (*pgx.Conn, error)
+		warn   bool
+	}{{"pooled", nil, true}, {"direct", directListen, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			d := setup(t, url, pgx.QueryExecModeExec)
+			rec := &recorder{}
+			s := newStore(t, d, pgfeed.Options{Listen: c.listen, Logger: slog.New(rec)})
+			sub, err := s.Subscribe(t.Context(), "f")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub.Close()
+			if got := rec.has("transaction pooler"); got != c.warn {
+				t.Fatalf("warned about the pooler: %v, want %v (log: %v)", got, c.warn, rec.msgs)
 			}
 		})
 	}
