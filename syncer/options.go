@@ -79,9 +79,10 @@ type Options struct {
 	LeaseRetry time.Duration
 	// LeaseKind is the kind of lease the store hands out. Defaults to LeaseRow.
 	LeaseKind LeaseKind
-	// Lease are the lease-row timings the store was built with; only Margin
-	// matters here, as the bound SinkTimeout must stay under. Ignored for
-	// AdvisoryLock. Defaults to the feed.LeaseOptions defaults.
+	// Lease holds the lease-row timings the store was built with (the store
+	// does not say); only the margin matters here, as the bound SinkTimeout
+	// must stay under. Ignored under AdvisoryLock. Zero fields take the
+	// defaults of feed.LeaseOptions.
 	Lease feed.LeaseOptions
 	// SinkTimeout is the context deadline of every sink call. Under LeaseRow
 	// it must be shorter than the lease margin, so that a call EnsureHeld let
@@ -90,7 +91,10 @@ type Options struct {
 	// running could land after the next one. Defaults to half the margin under
 	// LeaseRow, DefaultAdvisorySinkTimeout under AdvisoryLock.
 	SinkTimeout time.Duration
-	// Clock is the time every wait runs on. Defaults to feed.SystemClock.
+	// Clock is the time the worker's waits (poll, backoff, lease retry) run on
+	// and its State is stamped with. A sink call's deadline is a context
+	// deadline, on the real clock, since that is what a sink's client honours.
+	// Defaults to feed.SystemClock.
 	Clock feed.Clock
 	// Logger receives the worker's faults and lease changes. Defaults to
 	// slog.Default().
