@@ -2,6 +2,10 @@ package syncer_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -72,5 +76,109 @@ func pgHarness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
 			})
 			return g, err
 		},
+	}
+}
+
+// namedPool opens a pool whose sessions carry application_name app, so a test
+// can terminate its own backends and nobody else's.
+func namedPool(t testing.TB, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.MaxConns = 8
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		pgtest.Unavailable(t, "the test database", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestTerminatedBackends kills every database session of the worker's store
+// again and again while changes are written (its pool's, its listener's, its
+// advisory lock's): the worker reconnects, takes its lease again where it
+// lost it, and ends with the feed's documents, no key going back.
+func TestTerminatedBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("terminates backends: not in -short")
+	}
+	for _, advisory := range []bool{false, true} {
+		t.Run(fmt.Sprintf("advisory=%v", advisory), func(t *testing.T) {
+			t.Parallel()
+			var b [6]byte
+			_, _ = rand.Read(b[:])
+			app := "kairos_syncer_" + hex.EncodeToString(b[:])
+			pool := namedPool(t, app)
+			schema := pgtest.Schema(t)
+			ctx := t.Context()
+			if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+				t.Fatal(err)
+			}
+			opts := pgfeed.Options{Schema: schema, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))}
+			kind := syncer.LeaseRow
+			if advisory {
+				opts.AdvisoryLock = namedPool(t, app)
+				kind = syncer.AdvisoryLock
+			}
+			store, err := pgfeed.New(ctx, pool, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(store.Close)
+			e := &env{t: t, ctx: ctx, b: backend{name: "pgfeed", leaseKind: kind}, h: pgHarness(store, pool), feed: "terminated"}
+			w := newWorld(e, "s")
+			w.checkLease = false // a killed advisory session leaves its holder recorded until the next take
+			o := testOptions(t, e)
+			run, _ := one(t, e, w, "A", o)
+			e.waitCaughtUp(w.id)
+
+			kill := func() int {
+				var n int
+				// A fresh connection of its own, which the terminations spare.
+				conn, err := pgx.Connect(ctx, pgtest.URL())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close(ctx)
+				if err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			killed := 0
+			for i := range 40 {
+				for {
+					_, err := store.WriteCommitted(ctx, e.feed, []feed.Change{feed.Put(key(i%15), doc(`{"i":%d}`, i)), feed.Delete(key((i + 7) % 15))})
+					if err == nil {
+						break
+					}
+					time.Sleep(10 * time.Millisecond) // our own pool lost its sessions too
+				}
+				if i%8 == 3 {
+					killed += kill()
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if killed == 0 {
+				t.Fatal("no backend was terminated: the test proves nothing")
+			}
+			e.waitCaughtUp(w.id)
+			want, _ := e.liveDocs()
+			sameDocs(t, "sink", w.docs(), want)
+			noProblems(t, w)
+			st := run.r.States()[0]
+			t.Logf("%d backends terminated; last fault: %v", killed, st.LastError)
+		})
 	}
 }
