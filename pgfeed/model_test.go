@@ -55,7 +55,16 @@ type outcomes struct {
 
 func TestModelAgainstMemfeed(t *testing.T) {
 	t.Parallel()
-	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			runModel(t, mode.mode)
+		})
+	}
+}
+
+func runModel(t *testing.T, mode pgx.QueryExecMode) {
+	d := setup(t, pgtest.URL(), mode)
 	var steps, checks atomic.Int64
 	var seen outcomes
 	rapid.Check(t, func(rt *rapid.T) {
