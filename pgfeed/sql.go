@@ -51,8 +51,10 @@ type statements struct {
 	// takes the row when free, expired, or held by another advisory holder
 	// (whose session is gone, since this one has the lock).
 	claimAdvisory string
-	// tryLock, holdsLock and unlock are the advisory lease's session lock.
-	tryLock, holdsLock, unlock string
+	// tryLock takes the advisory lease's session lock; holdsLock asks the
+	// session whether it still holds it. The lock is let go by closing the
+	// session, which cannot fail to release it.
+	tryLock, holdsLock string
 
 	// readCursor reads a sink's cursor (NULLs when absent).
 	readCursor string
@@ -147,7 +149,6 @@ WHERE c.lease_holder IS NULL
 RETURNING 1`,
 		tryLock:   `SELECT pg_try_advisory_lock($1::bigint)`,
 		holdsLock: `SELECT ` + lockHeld("$1"),
-		unlock:    `SELECT pg_advisory_unlock($1::bigint)`,
 
 		readCursor: `SELECT generation, seq FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		cas: `UPDATE ` + c + ` SET generation = $4::bigint, seq = $5::bigint, last_advance_at = ` + nowAt(8) + `
