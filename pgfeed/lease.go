@@ -145,13 +145,22 @@ func (s *Store) acquireAdvisory(ctx context.Context, id feed.SinkID) (feed.Lease
 	}
 	if tag.RowsAffected() == 0 {
 		// A live lease row holds the sink: the lock guards nothing, so it goes
-		// now (with the session), and an advisory worker may try again once
-		// that row lapses.
+		// now, and an advisory worker may try again once that row lapses.
+		s.unlockSession(conn, key)
 		return fail(&feed.LeaseHeldError{ID: id})
 	}
 	l := &advisoryLease{s: s, id: id, holder: holder, key: key, conn: conn, stop: make(chan struct{}), done: make(chan struct{})}
 	go l.watch(ctx)
 	return l, nil
+}
+
+// unlockSession lets the session lock go at once, best effort: closing the
+// session releases it anyway, but only once the server process has exited,
+// and a rival trying right after a release should not be refused meanwhile.
+func (s *Store) unlockSession(c *pgx.Conn, key int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = c.Exec(ctx, s.sql.unlock, key)
 }
 
 func closeConn(c *pgx.Conn) {
@@ -208,8 +217,7 @@ func (l *advisoryLease) EnsureHeld(ctx context.Context) error {
 }
 
 // Release clears the holder from the row (best effort) while the lock is still
-// held, then closes the session, which lets the lock go. Safe to call more than
-// once.
+// held, then unlocks and closes the session. Safe to call more than once.
 func (l *advisoryLease) Release(ctx context.Context) error {
 	l.stopOnce.Do(func() { close(l.stop) })
 	<-l.done
@@ -225,6 +233,9 @@ func (l *advisoryLease) release(ctx context.Context) error {
 	l.released = true
 	if _, err := l.s.db.Exec(ctx, l.s.sql.clearHolder, string(l.id.Feed), string(l.id.Sink), string(l.holder)); err != nil {
 		l.clearErr = feed.WriteFailed("clearing the lease holder of "+l.id.String(), err)
+	}
+	if l.lost == nil {
+		l.s.unlockSession(l.conn, l.key)
 	}
 	closeConn(l.conn)
 	return l.clearErr

@@ -52,9 +52,11 @@ type statements struct {
 	// (whose session is gone, since this one has the lock).
 	claimAdvisory string
 	// tryLock takes the advisory lease's session lock; holdsLock asks the
-	// session whether it still holds it. The lock is let go by closing the
-	// session, which cannot fail to release it.
-	tryLock, holdsLock string
+	// session whether it still holds it; unlock lets it go at once. The
+	// session is closed after unlock all the same, which releases the lock
+	// even when unlock could not run, only a moment later (when the server
+	// process exits).
+	tryLock, holdsLock, unlock string
 
 	// readCursor reads a sink's cursor (NULLs when absent).
 	readCursor string
@@ -149,6 +151,7 @@ WHERE c.lease_holder IS NULL
 RETURNING 1`,
 		tryLock:   `SELECT pg_try_advisory_lock($1::bigint)`,
 		holdsLock: `SELECT ` + lockHeld("$1"),
+		unlock:    `SELECT pg_advisory_unlock($1::bigint)`,
 
 		readCursor: `SELECT generation, seq FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		cas: `UPDATE ` + c + ` SET generation = $4::bigint, seq = $5::bigint, last_advance_at = ` + nowAt(8) + `
