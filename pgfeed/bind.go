@@ -1,0 +1,85 @@
+package pgfeed
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// bindStatement records a projection binding on the feed's generations row
+// unless one is recorded, creating the row (generation 1, head 0: what a
+// never-written feed reads as) when absent, and returns the binding the row
+// holds afterwards. It always updates the row, so it takes the row lock:
+// two processes binding at once serialise, and the second reads the first's
+// binding.
+func (s *Store) bindStatement() string {
+	g := s.names.generations
+	return `INSERT INTO ` + g + ` AS g (feed, projection, partition) VALUES ($1::text, $2::text, $3::text)
+ON CONFLICT (feed) DO UPDATE SET
+	projection = coalesce(g.projection, excluded.projection),
+	partition = CASE WHEN g.projection IS NULL THEN excluded.partition ELSE g.partition END
+RETURNING g.projection, coalesce(g.partition, '')`
+}
+
+// BindTx records, inside the caller's tx, that f is materialised by the
+// checkpoint (projection, partition), unless the feed is bound already, and
+// returns the binding the feed holds: the one just recorded, or the earlier
+// one. The caller compares the two; pgread.WithFeed refuses a feed bound to
+// another checkpoint. A binding is never changed by this call; the
+// generations row is the feed lock, so tx holds it until its end.
+//
+// projection follows feed's name rule; partition is empty or follows it too.
+func (s *Store) BindTx(ctx context.Context, tx pgx.Tx, f feed.FeedName, projection, partition string) (boundProjection, boundPartition string, err error) {
+	if tx == nil {
+		return "", "", feed.Invalid("tx", "must not be nil")
+	}
+	if err := f.Validate(); err != nil {
+		return "", "", err
+	}
+	if _, err := feed.ParseFeedName(projection); err != nil {
+		return "", "", renameInvalid(err, "projection")
+	}
+	if partition != "" {
+		if _, err := feed.ParseFeedName(partition); err != nil {
+			return "", "", renameInvalid(err, "partition")
+		}
+	}
+	if err := tx.QueryRow(ctx, s.bindStatement(), string(f), projection, partition).Scan(&boundProjection, &boundPartition); err != nil {
+		return "", "", feed.WriteFailed("binding feed "+string(f), err)
+	}
+	return boundProjection, boundPartition, nil
+}
+
+func renameInvalid(err error, field string) error {
+	if inv, ok := err.(*feed.InvalidError); ok {
+		return &feed.InvalidError{Field: field, Reason: inv.Reason, Err: inv.Err}
+	}
+	return err
+}
+
+// LockTx takes f's feed lock (its generations row, created as a never-written
+// feed's when absent) inside the caller's tx, until tx's end: the lock a
+// Write, a RetryParked and a ResetTx take first. A caller that will write
+// other rows and then the feed takes it before them, so that it takes its
+// locks in the order a reset does.
+func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) error {
+	if tx == nil {
+		return feed.Invalid("tx", "must not be nil")
+	}
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	var head int64
+	err := tx.QueryRow(ctx, s.sql.lockFeed, string(f)).Scan(&head)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = tx.QueryRow(ctx, `INSERT INTO `+s.names.generations+` AS g (feed) VALUES ($1::text)
+ON CONFLICT (feed) DO UPDATE SET head = g.head RETURNING g.head`, string(f)).Scan(&head)
+	}
+	if err != nil {
+		return feed.WriteFailed("locking feed "+string(f), err)
+	}
+	return nil
+}

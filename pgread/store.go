@@ -1,0 +1,169 @@
+package pgread
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/read"
+)
+
+// Store is the durable read.ProjectionStore: one checkpoint row per
+// (projection, partition), committed in the same transaction as the
+// projection's view writes and any feed rows they carry. Migrate must have
+// run. It is safe for concurrent use.
+type Store struct {
+	db    DBTX
+	names names
+	sql   storeStatements
+}
+
+var (
+	_ read.ProjectionStore[pgx.Tx] = (*Store)(nil)
+	_ TxStore                      = (*Store)(nil)
+)
+
+// storeStatements are the checkpoint statements, built once from validated
+// names; parameters carry explicit casts, so the text means the same in every
+// pgx exec mode, the simple protocol included.
+type storeStatements struct {
+	// read returns the position, 0 (Origin) when the key has no row.
+	read string
+	// casOrigin creates the row at $3 when the key has none; a row that
+	// exists (a rival committed from Origin first) makes it land nothing.
+	casOrigin string
+	// cas moves the row from $3 to $4, and lands nothing when it is elsewhere.
+	// Under READ COMMITTED an UPDATE that waited for a rival's lock re-checks
+	// its WHERE on the row the rival committed, so two commits from one
+	// position never both land.
+	cas string
+	// reset deletes the row: Origin is the absence of a row.
+	reset string
+}
+
+func (n names) storeStatements() storeStatements {
+	c := n.checkpoints
+	return storeStatements{
+		read: `SELECT coalesce(max(position), 0) FROM ` + c + ` WHERE projection = $1::text AND partition = $2::text`,
+		casOrigin: `INSERT INTO ` + c + ` (projection, partition, position) VALUES ($1::text, $2::text, $3::bigint)
+ON CONFLICT (projection, partition) DO NOTHING RETURNING 1`,
+		cas: `UPDATE ` + c + ` SET position = $4::bigint, updated_at = clock_timestamp()
+WHERE projection = $1::text AND partition = $2::text AND position = $3::bigint RETURNING 1`,
+		reset: `DELETE FROM ` + c + ` WHERE projection = $1::text AND partition = $2::text`,
+	}
+}
+
+// NewStore returns a store over db, or an *feed.InvalidError naming what is
+// wrong.
+func NewStore(db DBTX, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, feed.Invalid("db", "must not be nil")
+	}
+	n, err := resolveNames(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db, names: n, sql: n.storeStatements()}, nil
+}
+
+// Durability is read.Durable.
+func (*Store) Durability() read.Durability { return read.Durable }
+
+// Begin opens a transaction on the store's own db. WithFeed runs its reset in
+// it, so the reset, the generation bump and the feed's emptying share one
+// connection.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+
+// ReadCheckpoint returns key's position; read.Origin when it has none.
+func (s *Store) ReadCheckpoint(ctx context.Context, key read.CheckpointKey) (read.Position, error) {
+	if err := key.Validate(); err != nil {
+		return 0, err
+	}
+	var at int64
+	if err := s.db.QueryRow(ctx, s.sql.read, key.Projection, key.Partition).Scan(&at); err != nil {
+		return 0, feed.Unreadable("reading checkpoint "+key.String(), err)
+	}
+	return read.Position(at), nil
+}
+
+// Commit runs apply in a new transaction, then moves key's checkpoint from
+// expected to next in it, and commits; see read.ProjectionStore. apply gets
+// the transaction: the view's writes and pgfeed's Write join it, so a lost
+// guard rolls back all three.
+//
+// The checkpoint row is locked only after apply has run. A feed write inside
+// apply takes the feed lock (the feed's generations row) first, so a commit
+// takes the feed lock, then the checkpoint row: the order WithFeed's reset
+// takes them in, so the two never deadlock, whether or not apply wrote to a
+// feed. apply's own error is returned unchanged; a database failure is a
+// *feed.WriteFailedError; a lost guard is a *read.CheckpointSupersededError
+// carrying the position the checkpoint was found at.
+func (s *Store) Commit(ctx context.Context, key read.CheckpointKey, expected, next read.Position, apply func(ctx context.Context, tx pgx.Tx) error) error {
+	if err := read.ValidateCommit(key, expected, next); err != nil {
+		return err
+	}
+	var applyErr, guardErr error
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if apply != nil {
+			if applyErr = apply(ctx, tx); applyErr != nil {
+				return applyErr
+			}
+		}
+		stmt, args := s.sql.cas, []any{key.Projection, key.Partition, int64(expected), int64(next)}
+		if expected == read.Origin {
+			stmt, args = s.sql.casOrigin, []any{key.Projection, key.Partition, int64(next)}
+		}
+		tag, err := tx.Exec(ctx, stmt, args...)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 1 {
+			return nil
+		}
+		var at int64
+		if err := tx.QueryRow(ctx, s.sql.read, key.Projection, key.Partition).Scan(&at); err != nil {
+			return err
+		}
+		guardErr = &read.CheckpointSupersededError{Key: key, Expected: expected, Actual: read.Position(at)}
+		return guardErr
+	})
+	switch {
+	case err == nil:
+		return nil
+	case applyErr != nil && errors.Is(err, applyErr):
+		return applyErr
+	case guardErr != nil && errors.Is(err, guardErr):
+		return guardErr
+	}
+	return feed.WriteFailed("committing checkpoint "+key.String(), err)
+}
+
+// ResetCheckpoint moves key back to read.Origin in a transaction of its own.
+// Emptying the view first is the caller's job (see WithFeed).
+func (s *Store) ResetCheckpoint(ctx context.Context, key read.CheckpointKey) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if _, err := s.db.Exec(ctx, s.sql.reset, key.Projection, key.Partition); err != nil {
+		return feed.WriteFailed("resetting checkpoint "+key.String(), err)
+	}
+	return nil
+}
+
+// ResetCheckpointTx moves key back to read.Origin inside the caller's tx. It
+// locks the checkpoint row to tx's end, so a commit from the old position
+// that waits for it then finds no row, and loses.
+func (s *Store) ResetCheckpointTx(ctx context.Context, tx pgx.Tx, key read.CheckpointKey) error {
+	if tx == nil {
+		return feed.Invalid("tx", "must not be nil")
+	}
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, s.sql.reset, key.Projection, key.Partition); err != nil {
+		return feed.WriteFailed("resetting checkpoint "+key.String(), err)
+	}
+	return nil
+}
