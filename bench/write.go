@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// rawTable creates the table a baseline writes into: the same rows without
+// the feed, a key and its document.
+func (s *schema) rawTable(ctx context.Context, name string) (string, error) {
+	t := s.qualify(name)
+	_, err := s.pool.Exec(ctx, `CREATE TABLE `+t+` (key text COLLATE "C" PRIMARY KEY, doc jsonb NOT NULL)`)
+	return t, err
+}
+
+// measureP1 times one transaction writing WriteChanges changes of about 300
+// bytes through the feed, against the same rows upserted into a plain table by
+// one unnest statement. Every transaction writes keys never written before,
+// so both sides insert. Figures are milliseconds per transaction, the median
+// of WriteTxs transactions after one warm-up transaction.
+func (e *env) measureP1(ctx context.Context) ([]Row, error) {
+	sz := e.sizes
+	admin, err := e.pool(ctx, 4, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	batch := func(tx, n int) ([]string, []string) {
+		keys, docs := make([]string, n), make([]string, n)
+		for i := range n {
+			keys[i] = fmt.Sprintf("t%05d-%05d", tx, i)
+			docs[i] = string(doc300(tx*n + i))
+		}
+		return keys, docs
+	}
+	timeTxs := func(body func(tx pgx.Tx, keys, docs []string) error) (float64, error) {
+		var per []float64
+		for i := range sz.WriteTxs + 1 { // the first is the warm-up
+			keys, docs := batch(i, sz.WriteChanges)
+			start := time.Now()
+			err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error { return body(tx, keys, docs) })
+			if err != nil {
+				return 0, err
+			}
+			if i > 0 {
+				per = append(per, float64(time.Since(start).Nanoseconds())/1e6)
+			}
+		}
+		return summarize(per).Median, nil
+	}
+	subject := func(int) (float64, error) {
+		s, err := e.newSchema(ctx, admin)
+		if err != nil {
+			return 0, err
+		}
+		defer s.drop()
+		st, err := s.store(ctx, admin)
+		if err != nil {
+			return 0, err
+		}
+		defer st.Close()
+		return timeTxs(func(tx pgx.Tx, keys, docs []string) error {
+			changes := make([]feed.Change, len(keys))
+			for i := range keys {
+				changes[i] = feed.Put(feed.Key(keys[i]), []byte(docs[i]))
+			}
+			_, err := st.Write(ctx, tx, "p1", changes)
+			return err
+		})
+	}
+	baseline := func(int) (float64, error) {
+		s, err := e.newSchema(ctx, admin)
+		if err != nil {
+			return 0, err
+		}
+		defer s.drop()
+		t, err := s.rawTable(ctx, "raw")
+		if err != nil {
+			return 0, err
+		}
+		q := `INSERT INTO ` + t + ` (key, doc) SELECT c.key, c.doc::jsonb FROM unnest($1::text[], $2::text[]) AS c(key, doc)
+ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`
+		return timeTxs(func(tx pgx.Tx, keys, docs []string) error {
+			_, err := tx.Exec(ctx, q, keys, docs)
+			return err
+		})
+	}
+	sub, base, err := interleave(sz.Runs, subject, baseline)
+	if err != nil {
+		return nil, err
+	}
+	return []Row{newRow("P1", fmt.Sprintf("feed write: %d changes (300-byte JSON) in the app's transaction, per transaction; baseline: the same rows upserted raw by one unnest", sz.WriteChanges),
+		"ms", sub, base, "figure/baseline", div, "≤ 1.25×", func(_, r float64) bool { return r <= 1.25 })}, nil
+}
+
+// measureP6 runs Writers concurrent writers for WritersFor, each committing
+// transactions of one upsert into the app's table plus, for the subject, one
+// change written to the feed; the baseline commits the same transactions
+// without the feed write. Figures are commits per second.
+func (e *env) measureP6(ctx context.Context) ([]Row, error) {
+	sz := e.sizes
+	admin, err := e.pool(ctx, int32(sz.Writers)+2, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	run := func(withFeed bool) (float64, error) {
+		s, err := e.newSchema(ctx, admin)
+		if err != nil {
+			return 0, err
+		}
+		defer s.drop()
+		t, err := s.rawTable(ctx, "app")
+		if err != nil {
+			return 0, err
+		}
+		st, err := s.store(ctx, admin)
+		if err != nil {
+			return 0, err
+		}
+		defer st.Close()
+		q := `INSERT INTO ` + t + ` (key, doc) VALUES ($1::text, $2::text::jsonb) ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`
+		var commits atomic.Int64
+		var firstErr error
+		var once sync.Once
+		writeFor := func(d time.Duration, count bool) {
+			var wg sync.WaitGroup
+			stop := time.Now().Add(d)
+			for w := range sz.Writers {
+				wg.Go(func() {
+					for i := 0; time.Now().Before(stop); i++ {
+						key := fmt.Sprintf("w%02d-%08d", w, i)
+						doc := doc300(i)
+						err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+							if _, err := tx.Exec(ctx, q, key, string(doc)); err != nil {
+								return err
+							}
+							if withFeed {
+								_, err := st.Write(ctx, tx, "p6", []feed.Change{feed.Put(feed.Key(key), doc)})
+								return err
+							}
+							return nil
+						})
+						if err != nil {
+							once.Do(func() { firstErr = err })
+							return
+						}
+						if count {
+							commits.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+		}
+		writeFor(sz.WritersFor/5, false) // warm-up: connections, plans, the feed's first row
+		start := time.Now()
+		writeFor(sz.WritersFor, true)
+		elapsed := time.Since(start)
+		if firstErr != nil {
+			return 0, firstErr
+		}
+		return float64(commits.Load()) / elapsed.Seconds(), nil
+	}
+	sub, base, err := interleave(sz.Runs, func(int) (float64, error) { return run(true) }, func(int) (float64, error) { return run(false) })
+	if err != nil {
+		return nil, err
+	}
+	return []Row{newRow("P6", fmt.Sprintf("%d concurrent writers, one change per transaction, commit rate; baseline: the same transactions without the feed write", sz.Writers),
+		"commits/s", sub, base, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 })}, nil
+}
