@@ -1,0 +1,177 @@
+package pgread_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/pgfeed"
+	"github.com/kairos-es/kairos/pgread"
+	"github.com/kairos-es/kairos/read"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// env is one migrated schema (pgfeed's and pgread's tables, and a view table
+// "view"(key text PK, doc jsonb)) with a store, an event log and a feed store
+// over one pool.
+type env struct {
+	pool   *pgxpool.Pool
+	schema string
+	store  *pgread.Store
+	log    *pgread.EventLog
+	feeds  *pgfeed.Store
+	view   string // the quoted view table
+}
+
+func setup(t *testing.T) env {
+	t.Helper()
+	return setupMode(t, pgx.QueryExecModeCacheStatement)
+}
+
+func setupMode(t *testing.T, mode pgx.QueryExecMode) env {
+	t.Helper()
+	pool := pgtest.Pool(t, pgtest.URL(), mode)
+	schema := pgtest.Schema(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+		t.Fatalf("pgfeed.Migrate: %v", err)
+	}
+	if _, err := pgread.Migrate(ctx, pool, pgread.Options{Schema: schema}); err != nil {
+		t.Fatalf("pgread.Migrate: %v", err)
+	}
+	view := `"` + schema + `"."view"`
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+view+` (key text PRIMARY KEY, doc jsonb NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return env{pool: pool, schema: schema, store: newStore(t, pool, schema), log: newLog(t, pool, schema), feeds: newFeeds(t, pool, schema), view: view}
+}
+
+func newStore(t *testing.T, db pgread.DBTX, schema string) *pgread.Store {
+	t.Helper()
+	s, err := pgread.NewStore(db, pgread.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newLog(t *testing.T, db pgread.DBTX, schema string) *pgread.EventLog {
+	t.Helper()
+	l, err := pgread.NewEventLog(db, pgread.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func newFeeds(t *testing.T, pool *pgxpool.Pool, schema string) *pgfeed.Store {
+	t.Helper()
+	s, err := pgfeed.New(t.Context(), pool, pgfeed.Options{Schema: schema, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// viewRows reads the view table as key → doc text.
+func (e env) viewRows(t *testing.T) map[string]string {
+	t.Helper()
+	rows, err := e.pool.Query(t.Context(), `SELECT key, doc::text FROM `+e.view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var k, d string
+		if err := rows.Scan(&k, &d); err != nil {
+			t.Fatal(err)
+		}
+		out[k] = d
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// feedRows reads every row of f, tombstones included.
+func (e env) feedRows(t *testing.T, f feed.FeedName) feed.Batch {
+	t.Helper()
+	b, err := e.feeds.ReadBatch(t.Context(), f, 0, feed.MaxBatchLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// checkpoint reads key's position, failing the test on an error.
+func checkpoint(t *testing.T, s read.ProjectionStore[pgx.Tx], key read.CheckpointKey) read.Position {
+	t.Helper()
+	at, err := s.ReadCheckpoint(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
+// putView is an apply that writes key=doc to the view and the feed.
+func (e env) putView(f feed.FeedName, key, doc string) func(context.Context, pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+e.view+` (key, doc) VALUES ($1, $2::jsonb) ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`, key, doc); err != nil {
+			return err
+		}
+		_, err := e.feeds.Write(ctx, tx, f, []feed.Change{feed.Put(feed.Key(key), json.RawMessage(doc))})
+		return err
+	}
+}
+
+// backendPID returns tx's server process id.
+func backendPID(ctx context.Context, tx pgx.Tx) (int32, error) {
+	var pid int32
+	err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+	return pid, err
+}
+
+// waitBlockedBy waits until some session waits for a lock pid holds: the
+// proof that a concurrent transaction reached the lock and queued behind it.
+func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, pid int32) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var n int
+		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no session queued behind backend %d", pid)
+		}
+		time.Sleep(5 * time.Millisecond) // polling an observable condition, not timing logic
+	}
+}
+
+func mustf(t *testing.T, err error, format string, args ...any) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", fmt.Sprintf(format, args...), err)
+	}
+}

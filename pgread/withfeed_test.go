@@ -1,0 +1,329 @@
+package pgread_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/pgread"
+	"github.com/kairos-es/kairos/read"
+)
+
+var (
+	orders = feed.FeedName("orders")
+	keyEU  = read.CheckpointKey{Projection: "orders", Partition: "eu"}
+	keyUS  = read.CheckpointKey{Projection: "orders", Partition: "us"}
+)
+
+func withFeed(t *testing.T, e env, f feed.FeedName, key read.CheckpointKey) *pgread.FeedStore {
+	t.Helper()
+	fs, err := pgread.WithFeed(t.Context(), e.store, e.feeds, f, key)
+	if err != nil {
+		t.Fatalf("WithFeed(%s, %s): %v", f, key, err)
+	}
+	return fs
+}
+
+// memTx adapts the in-memory store to the pgx.Tx shape WithFeed takes: it is
+// the real MemoryStore underneath, ephemeral as it says.
+type memTx struct{ m *read.MemoryStore }
+
+func (s memTx) Durability() read.Durability { return s.m.Durability() }
+func (s memTx) ReadCheckpoint(ctx context.Context, k read.CheckpointKey) (read.Position, error) {
+	return s.m.ReadCheckpoint(ctx, k)
+}
+func (s memTx) Commit(ctx context.Context, k read.CheckpointKey, exp, next read.Position, apply func(context.Context, pgx.Tx) error) error {
+	return s.m.Commit(ctx, k, exp, next, func(ctx context.Context, _ read.NoTx) error { return apply(ctx, nil) })
+}
+func (s memTx) ResetCheckpoint(ctx context.Context, k read.CheckpointKey) error {
+	return s.m.ResetCheckpoint(ctx, k)
+}
+
+// opaque hides a durable store's TxStore methods.
+type opaque struct{ read.ProjectionStore[pgx.Tx] }
+
+func TestWithFeedBindingAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := ctxFor(t, 30*time.Second)
+	// A feed written before it is bound keeps its rows and generation.
+	mustf(t, e.store.Commit(ctx, keyEU, 0, 1, e.putView(orders, "o1", `{"n":1}`)), "commit")
+	withFeed(t, e, orders, keyEU)
+	withFeed(t, e, orders, keyEU) // the same key again is fine
+
+	// A second pool stands for another process: its own connections, its own
+	// store values, nothing shared in memory.
+	other := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeSimpleProtocol)
+	store2, feeds2 := newStore(t, other, e.schema), newFeeds(t, other, e.schema)
+	for _, wrong := range []read.CheckpointKey{keyUS, {Projection: "orders"}, {Projection: "invoices", Partition: "eu"}} {
+		_, err := pgread.WithFeed(ctx, store2, feeds2, orders, wrong)
+		var bound *pgread.FeedBoundError
+		if !errors.Is(err, pgread.ErrFeedBound) || !errors.As(err, &bound) || bound.Bound != keyEU || bound.Wanted != wrong || bound.Feed != orders {
+			t.Fatalf("WithFeed(%s) from a second pool: err = %v, want a FeedBoundError naming %s", wrong, err, keyEU)
+		}
+	}
+	if _, err := pgread.WithFeed(ctx, store2, feeds2, orders, keyEU); err != nil {
+		t.Fatalf("the bound key from a second pool: %v", err)
+	}
+	// A refused binding changed nothing: same generation, same rows.
+	b := e.feedRows(t, orders)
+	if b.Generation != 1 || len(b.Records) != 1 || b.Records[0].Key != "o1" {
+		t.Fatalf("feed after bindings: %+v", b)
+	}
+	// Another feed binds to another key independently.
+	withFeed(t, e, "invoices", keyUS)
+	if _, err := pgread.WithFeed(ctx, store2, feeds2, "invoices", keyEU); !errors.Is(err, pgread.ErrFeedBound) {
+		t.Fatalf("invoices bound to %s, rebinding to %s: err = %v", keyUS, keyEU, err)
+	}
+}
+
+func TestWithFeedRefusals(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := ctxFor(t, 30*time.Second)
+	for _, tc := range []struct {
+		name  string
+		store read.ProjectionStore[pgx.Tx]
+		f     feed.FeedName
+		key   read.CheckpointKey
+		field string
+	}{
+		{"ephemeral store", memTx{read.NewMemoryStore()}, orders, keyEU, "with_feed.store"},
+		{"store without TxStore", opaque{e.store}, orders, keyEU, "with_feed.store"},
+		{"nil store", nil, orders, keyEU, "with_feed.store"},
+		{"bad feed", e.store, "bad feed", keyEU, "feed name"},
+		{"bad projection", e.store, orders, read.CheckpointKey{Projection: ""}, "checkpoint.projection"},
+		{"bad partition", e.store, orders, read.CheckpointKey{Projection: "p", Partition: "x/y"}, "checkpoint.partition"},
+	} {
+		_, err := pgread.WithFeed(ctx, tc.store, e.feeds, tc.f, tc.key)
+		var inv *feed.InvalidError
+		if !errors.As(err, &inv) || inv.Field != tc.field {
+			t.Errorf("%s: err = %v, want an InvalidError naming %s", tc.name, err, tc.field)
+		}
+	}
+	if _, err := pgread.WithFeed(ctx, e.store, nil, orders, keyEU); err == nil {
+		t.Error("nil feeds accepted")
+	}
+	// Nothing was bound by any refusal: the feed has no generations row, so
+	// another key can still bind it.
+	var n int
+	mustf(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".feed_generations`).Scan(&n), "count")
+	if n != 0 {
+		t.Fatalf("%d generations rows after refusals, want 0", n)
+	}
+	withFeed(t, e, orders, keyUS)
+}
+
+func TestResetOtherKeysUntouched(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := ctxFor(t, 30*time.Second)
+	fs := withFeed(t, e, orders, keyEU)
+	mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "eu1", `{"n":1}`)), "commit eu")
+	mustf(t, fs.Commit(ctx, keyUS, 0, 7, nil), "commit us")
+
+	mustf(t, fs.ResetCheckpoint(ctx, keyUS), "reset us")
+	if at := checkpoint(t, fs, keyUS); at != read.Origin {
+		t.Fatalf("us at %d after its reset", at)
+	}
+	if at := checkpoint(t, fs, keyEU); at != 5 {
+		t.Fatalf("eu moved to %d by another key's reset", at)
+	}
+	if b := e.feedRows(t, orders); b.Generation != 1 || len(b.Records) != 1 {
+		t.Fatalf("another key's reset touched the feed: %+v", b)
+	}
+
+	mustf(t, fs.Commit(ctx, keyUS, 0, 3, nil), "commit us again")
+	gen, err := fs.Rebuild(ctx, nil)
+	mustf(t, err, "rebuild")
+	if gen != 2 {
+		t.Fatalf("generation %d after the bound key's reset, want 2", gen)
+	}
+	if b := e.feedRows(t, orders); b.Generation != 2 || len(b.Records) != 0 {
+		t.Fatalf("the bound key's reset left the feed at %+v", b)
+	}
+	if at := checkpoint(t, fs, keyEU); at != read.Origin {
+		t.Fatalf("eu at %d after its reset", at)
+	}
+	if at := checkpoint(t, fs, keyUS); at != 3 {
+		t.Fatalf("us moved to %d by the bound key's reset", at)
+	}
+	// The view is the caller's: a plain reset leaves it.
+	if v := e.viewRows(t); len(v) != 1 {
+		t.Fatalf("view after reset: %v", v)
+	}
+	// A clear function that fails rolls the whole rebuild back.
+	mustf(t, fs.Commit(ctx, keyEU, 0, 2, e.putView(orders, "eu2", `{"n":2}`)), "commit eu")
+	boom := errors.New("clear failed")
+	if _, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+e.view); err != nil {
+			return err
+		}
+		return boom
+	}); !errors.Is(err, boom) {
+		t.Fatalf("Rebuild with a failing clear: %v", err)
+	}
+	if b := e.feedRows(t, orders); b.Generation != 2 || len(b.Records) != 1 || checkpoint(t, fs, keyEU) != 2 || len(e.viewRows(t)) != 2 {
+		t.Fatalf("a failed rebuild left something behind: feed %+v", b)
+	}
+}
+
+// committers are the two ways a commit of the bound key can be made: through
+// the decorated store (feed lock before apply) and through the plain store
+// (feed lock when apply writes the feed, checkpoint after apply).
+func committers(e env, fs *pgread.FeedStore) []struct {
+	name string
+	s    read.ProjectionStore[pgx.Tx]
+} {
+	return []struct {
+		name string
+		s    read.ProjectionStore[pgx.Tx]
+	}{{"decorated", fs}, {"plain", e.store}}
+}
+
+// A commit still in flight with the old checkpoint while a reset holds the
+// feed lock waits for it, then loses its guard and rolls back with its feed
+// rows; a commit holding the feed lock when a reset starts finishes first, and
+// the reset then deletes what it wrote.
+func TestInFlightCommitAndReset(t *testing.T) {
+	t.Parallel()
+	for _, committer := range []string{"decorated", "plain"} {
+		t.Run(committer+"/reset first", func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := ctxFor(t, 60*time.Second)
+			fs := withFeed(t, e, orders, keyEU)
+			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
+			mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
+
+			inReset, release := make(chan int32), make(chan struct{})
+			resetDone := make(chan error, 1)
+			go func() {
+				_, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `DELETE FROM `+e.view); err != nil {
+						return err
+					}
+					pid, err := backendPID(ctx, tx)
+					if err != nil {
+						return err
+					}
+					inReset <- pid
+					<-release
+					return nil
+				})
+				resetDone <- err
+			}()
+			resetPID := <-inReset
+			commitDone := make(chan error, 1)
+			go func() { commitDone <- c.Commit(ctx, keyEU, 5, 9, e.putView(orders, "b", `{"v":2}`)) }()
+			waitBlockedBy(t, e.pool, resetPID) // the commit queued on the feed lock
+			close(release)
+			mustf(t, <-resetDone, "reset")
+			err := <-commitDone
+			var sup *read.CheckpointSupersededError
+			if !errors.As(err, &sup) || sup.Actual != read.Origin {
+				t.Fatalf("commit in flight across the reset: err = %v, want superseded at Origin", err)
+			}
+			b := e.feedRows(t, orders)
+			if b.Generation != 2 || len(b.Records) != 0 {
+				t.Fatalf("feed after the lost commit: %+v, want generation 2 and no rows", b)
+			}
+			if v := e.viewRows(t); len(v) != 0 {
+				t.Fatalf("view after the lost commit: %v, want empty", v)
+			}
+			if at := checkpoint(t, fs, keyEU); at != read.Origin {
+				t.Fatalf("checkpoint %d, want Origin", at)
+			}
+		})
+		t.Run(committer+"/commit first", func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := ctxFor(t, 60*time.Second)
+			fs := withFeed(t, e, orders, keyEU)
+			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
+			mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
+
+			inCommit, release := make(chan int32), make(chan struct{})
+			commitDone := make(chan error, 1)
+			go func() {
+				commitDone <- c.Commit(ctx, keyEU, 5, 9, func(ctx context.Context, tx pgx.Tx) error {
+					if err := e.putView(orders, "b", `{"v":2}`)(ctx, tx); err != nil {
+						return err
+					}
+					pid, err := backendPID(ctx, tx)
+					if err != nil {
+						return err
+					}
+					inCommit <- pid
+					<-release
+					return nil
+				})
+			}()
+			commitPID := <-inCommit
+			resetDone := make(chan error, 1)
+			go func() { resetDone <- fs.ResetCheckpoint(ctx, keyEU) }()
+			waitBlockedBy(t, e.pool, commitPID) // the reset queued on the feed lock
+			close(release)
+			mustf(t, <-commitDone, "the commit that held the feed lock")
+			mustf(t, <-resetDone, "reset")
+			b := e.feedRows(t, orders)
+			if b.Generation != 2 || len(b.Records) != 0 {
+				t.Fatalf("feed after the reset: %+v, want generation 2 and no rows", b)
+			}
+			if at := checkpoint(t, fs, keyEU); at != read.Origin {
+				t.Fatalf("checkpoint %d, want Origin", at)
+			}
+		})
+	}
+}
+
+// Commit and reset racing 100 times, through both committers, with and
+// without feed rows in the commit: never a deadlock, never an error but a
+// lost guard, and never a feed row left from before the reset.
+func TestCommitResetRace(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := ctxFor(t, 90*time.Second)
+	fs := withFeed(t, e, orders, keyEU)
+	cs := committers(e, fs)
+	landed := 0
+	for i := range 100 {
+		c := cs[i%2]
+		mustf(t, fs.Commit(ctx, keyEU, 0, 1, e.putView(orders, "old", `{"i":0}`)), "iteration %d: setup commit", i)
+		apply := e.putView(orders, "new", `{"i":1}`)
+		if i%4 >= 2 {
+			apply = func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO `+e.view+` (key, doc) VALUES ('viewonly', '{}') ON CONFLICT (key) DO NOTHING`)
+				return err
+			}
+		}
+		start := make(chan struct{})
+		commitDone, resetDone := make(chan error, 1), make(chan error, 1)
+		go func() { <-start; commitDone <- c.s.Commit(ctx, keyEU, 1, 2, apply) }()
+		go func() { <-start; resetDone <- fs.ResetCheckpoint(ctx, keyEU) }()
+		close(start)
+		cerr, rerr := <-commitDone, <-resetDone
+		if rerr != nil {
+			t.Fatalf("iteration %d (%s): reset: %v", i, c.name, rerr)
+		}
+		switch {
+		case cerr == nil:
+			landed++
+		case !errors.Is(cerr, read.ErrCheckpointSuperseded):
+			t.Fatalf("iteration %d (%s): commit: %v", i, c.name, cerr)
+		}
+		b := e.feedRows(t, orders)
+		if b.Generation != feed.Generation(i+2) || len(b.Records) != 0 {
+			t.Fatalf("iteration %d (%s): feed %+v, want generation %d and no rows", i, c.name, b, i+2)
+		}
+		if at := checkpoint(t, fs, keyEU); at != read.Origin {
+			t.Fatalf("iteration %d: checkpoint %d, want Origin", i, at)
+		}
+	}
+	t.Logf("%d of 100 commits landed before their reset", landed)
+}
