@@ -62,6 +62,8 @@
 // or a superseded cursor makes it stop sending, release the lease and take it
 // again from the start. An feed.ErrInvalid from the store is a bug in the
 // store or the worker; it is logged as an error and backed off like a fault,
-// so it neither spins nor goes unseen. State exposes each worker's phase,
+// so it neither spins nor goes unseen. A worker that cannot subscribe to the
+// feed's wake-ups polls meanwhile: lost wake-ups cost latency, never progress.
+// State exposes each worker's phase,
 // cursor, lag, counts, lease and last error while it runs.
 package syncer

@@ -387,3 +387,41 @@ func TestLeaseNeverHolds(t *testing.T) {
 		}
 	})
 }
+
+// deafReader cannot subscribe.
+type deafReader struct {
+	feed.Reader
+	tries atomic.Int32
+}
+
+func (r *deafReader) Subscribe(context.Context, feed.FeedName) (feed.Subscription, error) {
+	r.tries.Add(1)
+	return nil, feed.Unreadable("listening for commits", fmt.Errorf("injected fault"))
+}
+
+// TestNoWakeUps takes the worker's subscription away: it still sends every
+// change, on its poll, and keeps trying to subscribe about once a poll.
+func TestNoWakeUps(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		reader := &deafReader{Reader: e.h.Reader}
+		opts := testOptions(t, e)
+		opts.PollInterval = time.Second
+		spy := newSpy(e.h.Store)
+		run := start(t, e, reader, spy, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", spy)}}, opts)
+		began := time.Now()
+		for i := range 5 {
+			e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+			e.waitCaughtUp(w.id)
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+		elapsed := time.Since(began)
+		if n := reader.tries.Load(); n < 2 || n > int32(elapsed/opts.PollInterval)+3 {
+			t.Fatalf("%d subscription attempts in %v, want about one a poll", n, elapsed)
+		}
+		if err := run.r.States()[0].LastError; !errors.Is(err, feed.ErrUnreadable) || !strings.Contains(err.Error(), "subscribing") {
+			t.Fatalf("last error %v, want the failed subscription", err)
+		}
+	})
+}

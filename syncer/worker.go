@@ -197,12 +197,13 @@ func (w *Worker) release(ctx context.Context, lease feed.Lease) {
 // only unparks, which leaves the worker's view a superset, and unparking a key
 // that is not parked is harmless).
 type session struct {
-	w      *Worker
-	lease  feed.Lease
-	sub    feed.Subscription
-	fresh  bool // cursor and parked were read since the last fault
-	cursor feed.Cursor
-	parked map[feed.Key]feed.Seq
+	w        *Worker
+	lease    feed.Lease
+	sub      feed.Subscription // nil while subscribing fails
+	subRetry time.Time         // when to try subscribing again
+	fresh    bool              // cursor and parked were read since the last fault
+	cursor   feed.Cursor
+	parked   map[feed.Key]feed.Seq
 }
 
 // session works under one lease until the lease is gone or ctx ends. It
@@ -246,13 +247,21 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 // sink caught up (idle).
 func (s *session) step(ctx context.Context) (idle bool, err error) {
 	w := s.w
-	if s.sub == nil {
-		// Subscribe before reading, so a commit after this read wakes the wait.
+	if s.sub == nil && !w.opts.Clock.Now().Before(s.subRetry) {
+		// Subscribe before reading, so a commit after this read wakes the
+		// wait. A worker that cannot subscribe still polls: wake-ups only
+		// shorten the wait, so their loss costs latency, never progress. It
+		// tries again a poll interval later.
 		sub, err := w.reader.Subscribe(ctx, w.id.Feed)
 		if err != nil {
-			return false, fmt.Errorf("subscribing to the feed: %w", err)
+			if ctx.Err() != nil {
+				return false, err
+			}
+			w.fault(ctx, fmt.Errorf("subscribing to the feed (polling every %v meanwhile): %w", w.opts.PollInterval, err))
+			s.subRetry = w.opts.Clock.Now().Add(w.opts.PollInterval)
+		} else {
+			s.sub = sub
 		}
-		s.sub = sub
 	}
 	if !s.fresh {
 		cursor, err := w.store.ReadCursor(ctx, w.id)
@@ -540,8 +549,12 @@ func (w *Worker) call(ctx context.Context, op string, f func(context.Context) er
 func (s *session) wait(ctx context.Context) {
 	t := s.w.opts.Clock.NewTimer(s.w.opts.PollInterval)
 	defer t.Stop()
+	var woken <-chan struct{} // nil, never ready, without a subscription
+	if s.sub != nil {
+		woken = s.sub.C()
+	}
 	select {
-	case <-s.sub.C():
+	case <-woken:
 	case <-t.C():
 	case <-ctx.Done():
 	}
