@@ -65,8 +65,20 @@ func Start(ctx context.Context, cfg Config) *Lease {
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
 	}
-	go l.heartbeat(ctx)
+	// The first tick's timer is armed here, not in the goroutine, so the
+	// cadence starts at the take: a caller (or a test moving a manual clock)
+	// acting right after Start cannot slip in before the timer exists.
+	first := l.arm(cfg.TakenAt.Add(cfg.Timings.Heartbeat))
+	go l.heartbeat(ctx, first)
 	return l
+}
+
+// arm returns a timer for the tick at next, or nil when it is already due.
+func (l *Lease) arm(next time.Time) feed.Timer {
+	if wait := next.Sub(l.cfg.Clock.Now()); wait > 0 {
+		return l.cfg.Clock.NewTimer(wait)
+	}
+	return nil
 }
 
 // ID returns the sink the lease is for.
@@ -116,14 +128,12 @@ func (l *Lease) Release(ctx context.Context) error {
 // before. A worker that fell behind (a pause) renews at once, and once more at
 // once if that renewal also ended past its tick, but never replays the ticks it
 // missed.
-func (l *Lease) heartbeat(ctx context.Context) {
+func (l *Lease) heartbeat(ctx context.Context, t feed.Timer) {
 	defer close(l.done)
 	interval := l.cfg.Timings.Heartbeat
 	next := l.cfg.TakenAt.Add(interval)
 	for {
-		wait := next.Sub(l.cfg.Clock.Now())
-		if wait > 0 {
-			t := l.cfg.Clock.NewTimer(wait)
+		if t != nil {
 			select {
 			case <-t.C():
 			case <-l.stop:
@@ -149,6 +159,7 @@ func (l *Lease) heartbeat(ctx context.Context) {
 		if next.Before(now) {
 			next = now
 		}
+		t = l.arm(next)
 	}
 }
 

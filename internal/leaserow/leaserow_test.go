@@ -279,3 +279,22 @@ func TestReleaseAndContextEnd(t *testing.T) {
 	}
 	wantHeld(t, l2, false)
 }
+
+// The first tick's timer exists when Start returns, so time moved right after
+// the take (a frozen process) cannot make the heartbeat renew early.
+func TestFirstTickArmedByStart(t *testing.T) {
+	t.Parallel()
+	timings, _ := feed.LeaseOptions{}.Resolve("lease")
+	clock := feedtest.NewManualClock(t0)
+	r := newRow()
+	l := leaserow.Start(context.Background(), leaserow.Config{
+		ID: feed.SinkID{Feed: "f", Sink: "s"}, Holder: "h", Timings: timings, Clock: clock, TakenAt: t0,
+		Renew: r.renew, Clear: r.clear, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	defer l.Release(context.Background())
+	if n := clock.Timers(); n != 1 {
+		t.Fatalf("%d timers armed when Start returned, want 1", n)
+	}
+	clock.Skip(timings.Usable())
+	wantHeld(t, l, false)
+}
