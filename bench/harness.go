@@ -62,7 +62,7 @@ var FullSizes = Sizes{
 	Backlog: 1_000_000, SmallBacklog: 100_000, CatchUp: 100_000,
 	LatencyRate: 500, LatencyFor: 3 * time.Second, IdleFor: 6 * time.Second,
 	Writers: 16, WritersFor: 3 * time.Second,
-	Tombstones: 100_000, DescribeSinks: 10, DescribeCalls: 5,
+	Tombstones: 100_000, DescribeSinks: 10, DescribeCalls: 3,
 	SinkApplyBatch: 500, SinkApplyRecs: 200_000,
 }
 
@@ -81,6 +81,9 @@ type env struct {
 	url   string
 	sizes Sizes
 	log   io.Writer // progress lines; the table goes to stdout
+	// stmts, when set, times every statement of every pool the harness
+	// opens, for the "where the time goes" notes of a missed target.
+	stmts *stmtTimer
 }
 
 func (e *env) logf(format string, args ...any) {
@@ -106,8 +109,13 @@ func (e *env) pool(ctx context.Context, maxConns int32, counter *queryCounter) (
 		return nil, fmt.Errorf("parsing the database URL: %w", err) // pgx's message does not repeat a password
 	}
 	cfg.MaxConns = maxConns
-	if counter != nil {
+	switch {
+	case counter != nil && e.stmts != nil:
+		cfg.ConnConfig.Tracer = bothTracers{counter, e.stmts}
+	case counter != nil:
 		cfg.ConnConfig.Tracer = counter
+	case e.stmts != nil:
+		cfg.ConnConfig.Tracer = e.stmts
 	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -12,6 +12,7 @@
 //	bench -tiny            # every row at a tiny size (what CI runs)
 //	bench -only P3,P4      # some rows
 //	bench -cpuprofile f    # the harness's CPU profile, for a missed target
+//	bench -stmts           # each group's statements by client-side time
 //
 // The database is KAIROS_BENCH_DATABASE_URL, else KAIROS_TEST_DATABASE_URL,
 // else the local PostgreSQL as user postgres.
@@ -64,6 +65,9 @@ func runAll(ctx context.Context, e *env, only []string) ([]Row, error) {
 			return rows, fmt.Errorf("%s: %w", m.name, err)
 		}
 		e.logf("%s done in %v", m.name, time.Since(start).Round(time.Millisecond))
+		if e.stmts != nil {
+			e.stmts.report(e.log, m.name)
+		}
 		rows = append(rows, rs...)
 	}
 	return rows, nil
@@ -83,6 +87,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	runs := fs.Int("runs", 0, "measured runs per row (default 3, 1 with -tiny)")
 	only := fs.String("only", "", "comma-separated groups to run: P1,P2,P3,P4,P5,P6,D,C,S")
 	cpuprofile := fs.String("cpuprofile", "", "write the harness's CPU profile to this file")
+	stmts := fs.Bool("stmts", false, "after each group, print its statements by client-side time")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -125,6 +130,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer pprof.StopCPUProfile()
 	}
 	e := &env{url: databaseURL(), sizes: sizes, log: stderr}
+	if *stmts {
+		e.stmts = newStmtTimer()
+	}
 	start := time.Now()
 	rows, err := runAll(context.Background(), e, groups)
 	if err != nil {

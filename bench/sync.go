@@ -131,9 +131,6 @@ func (e *env) measureLarge(ctx context.Context) ([]Row, error) {
 					return err
 				}
 			}
-			if _, err := st.Describe(ctx, "big"); err != nil { // warm-up
-				return err
-			}
 			var calls []float64
 			for range sz.DescribeCalls {
 				start := time.Now()
