@@ -88,11 +88,14 @@ type logStatements struct {
 	// append, so every appender takes the head first and a stream's row
 	// second: two transactions appending to several streams cannot deadlock.
 	bump string
-	// append moves the stream's version from $2 (or from anything, for -1)
-	// to itself plus $3, creating the stream when $2 is 0 or -1, and inserts
-	// the events at positions ending at $4; it returns the new version, or no
-	// row when the guard lost (so nothing was inserted).
-	append string
+	// appendNew (expected NoStream or AnyVersion) and appendAt (expected a
+	// version) move the stream's version from $2 (or from anything, for -1)
+	// to itself plus $3, appendNew creating the stream, and insert the events
+	// at positions ending at $4; they return the new version, or no row when
+	// the guard lost (and then nothing was inserted). Under READ COMMITTED
+	// the guard is re-checked on the row a concurrent appender committed, so
+	// two appends expecting one version never both land.
+	appendNew, appendAt string
 	// version reads a stream's version, 0 when it has none.
 	version string
 	// readAll and readStream read events after a position or a version.
@@ -103,20 +106,25 @@ type logStatements struct {
 
 func (n names) logStatements() logStatements {
 	const cols = `position, stream, version, type, data::text, recorded_at`
-	return logStatements{
-		bump: `UPDATE ` + n.log + ` SET head = head + $1::bigint RETURNING head`,
-		append: `WITH s AS (
-	INSERT INTO ` + n.streams + ` AS s (stream, version)
-	SELECT $1::text, $3::bigint WHERE $2::bigint IN (-1, 0)
-	ON CONFLICT (stream) DO UPDATE SET version = s.version + excluded.version
-	WHERE $2::bigint = -1 OR s.version = $2::bigint
-	RETURNING s.version
-), e AS (
+	insertEvents := `, e AS (
 	INSERT INTO ` + n.events + ` (position, stream, version, type, data)
 	SELECT $4::bigint - $3::bigint + x.ord, $1::text, s.version - $3::bigint + x.ord, x.type, x.data::jsonb
 	FROM s, unnest($5::text[], $6::text[]) WITH ORDINALITY AS x(type, data, ord)
 )
-SELECT version FROM s`,
+SELECT version FROM s`
+	return logStatements{
+		bump: `UPDATE ` + n.log + ` SET head = head + $1::bigint RETURNING head`,
+		appendNew: `WITH s AS (
+	INSERT INTO ` + n.streams + ` AS s (stream, version) VALUES ($1::text, $3::bigint)
+	ON CONFLICT (stream) DO UPDATE SET version = s.version + excluded.version
+	WHERE $2::bigint = -1
+	RETURNING s.version
+)` + insertEvents,
+		appendAt: `WITH s AS (
+	UPDATE ` + n.streams + ` SET version = version + $3::bigint
+	WHERE stream = $1::text AND version = $2::bigint
+	RETURNING version
+)` + insertEvents,
 		version:    `SELECT coalesce(max(version), 0) FROM ` + n.streams + ` WHERE stream = $1::text`,
 		readAll:    `SELECT ` + cols + ` FROM ` + n.events + ` WHERE position > $1::bigint ORDER BY position LIMIT $2::bigint`,
 		readStream: `SELECT ` + cols + ` FROM ` + n.events + ` WHERE stream = $1::text AND version > $2::bigint ORDER BY version LIMIT $3::bigint`,
@@ -190,7 +198,11 @@ func (l *EventLog) Append(ctx context.Context, tx pgx.Tx, stream string, expecte
 		return AppendResult{}, feed.WriteFailed(op, err)
 	}
 	var version int64
-	err := tx.QueryRow(ctx, l.sql.append, stream, int64(expected), n, head, types, datas).Scan(&version)
+	stmt := l.sql.appendAt
+	if expected <= NoStream {
+		stmt = l.sql.appendNew
+	}
+	err := tx.QueryRow(ctx, stmt, stream, int64(expected), n, head, types, datas).Scan(&version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var actual int64
 		if err := tx.QueryRow(ctx, l.sql.version, stream).Scan(&actual); err != nil {
