@@ -1,0 +1,268 @@
+package read_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/feed/feedtest"
+	"github.com/kairos-es/kairos/read"
+)
+
+// source is an in-memory event source, optionally failing its next reads.
+type source struct {
+	mu     sync.Mutex
+	events []read.Event
+	fail   int
+	reads  int
+}
+
+func (s *source) add(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		p := read.Position(len(s.events) + 1)
+		s.events = append(s.events, read.Event{Position: p, Stream: "s", Version: int64(p), Type: "E", Data: json.RawMessage(`{}`)})
+	}
+}
+
+func (s *source) ReadAll(_ context.Context, after read.Position, limit int) ([]read.Event, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads++
+	if s.fail > 0 {
+		s.fail--
+		return nil, errors.New("source down")
+	}
+	var out []read.Event
+	for _, e := range s.events {
+		if e.Position > after && len(out) < limit {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+func (s *source) readCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads
+}
+
+// view records what apply saw, batch by batch.
+type view struct {
+	mu      sync.Mutex
+	applied []read.Position
+	batches []int
+}
+
+func (v *view) apply(_ context.Context, _ read.NoTx, events []read.Event) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.batches = append(v.batches, len(events))
+	for _, e := range events {
+		v.applied = append(v.applied, e.Position)
+	}
+	return nil
+}
+
+func (v *view) positions() []read.Position {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.applied)
+}
+
+func upTo(n int) []read.Position {
+	out := make([]read.Position, n)
+	for i := range out {
+		out[i] = read.Position(i + 1)
+	}
+	return out
+}
+
+var key = read.CheckpointKey{Projection: "p"}
+
+func TestRunnerStopAndResume(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	src, store, v := &source{}, read.NewMemoryStore(), &view{}
+	src.add(10)
+	r1, err := read.NewRunner(src, store, key, v.apply, read.RunnerOptions{Batch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if n, err := r1.Step(ctx); err != nil || n != 3 {
+			t.Fatalf("Step = %d, %v", n, err)
+		}
+	}
+	// r1 stops here; a new runner (a restarted process) resumes from the
+	// checkpoint, and every event is applied exactly once, in order.
+	r2, err := read.NewRunner(src, store, key, v.apply, read.RunnerOptions{Batch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r2.CatchUp(ctx); err != nil || n != 4 {
+		t.Fatalf("CatchUp = %d, %v; want the 4 events left", n, err)
+	}
+	if got := v.positions(); !slices.Equal(got, upTo(10)) {
+		t.Fatalf("applied %v", got)
+	}
+	if !slices.Equal(v.batches, []int{3, 3, 3, 1}) {
+		t.Fatalf("batches %v, want 3,3,3,1", v.batches)
+	}
+	if at, _ := store.ReadCheckpoint(ctx, key); at != 10 {
+		t.Fatalf("checkpoint %d, want 10", at)
+	}
+	// After a reset the runner replays from the origin.
+	if err := store.ResetCheckpoint(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r2.CatchUp(ctx); err != nil || n != 10 {
+		t.Fatalf("replay = %d, %v", n, err)
+	}
+}
+
+func TestRunnersRacing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	src, store, v := &source{}, read.NewMemoryStore(), &view{}
+	src.add(200)
+	var wg sync.WaitGroup
+	for range 4 {
+		r, err := read.NewRunner(src, store, key, v.apply, read.RunnerOptions{Batch: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			if _, err := r.CatchUp(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := v.positions(); !slices.Equal(got, upTo(200)) {
+		t.Fatalf("four runners applied %d events (%v...), want each of 200 exactly once in order", len(got), got[:min(len(got), 10)])
+	}
+}
+
+// Run polls on its clock, backs off after failures (doubling from Poll), and
+// returns when its context ends.
+func TestRunnerRun(t *testing.T) {
+	t.Parallel()
+	clock := feedtest.NewManualClock(time.Unix(0, 0))
+	src, store, v := &source{fail: 2}, read.NewMemoryStore(), &view{}
+	src.add(5)
+	r, err := read.NewRunner(src, store, key, v.apply, read.RunnerOptions{Poll: time.Second, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitTimer := func() {
+		t.Helper()
+		wctx, wcancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer wcancel()
+		if err := clock.WaitForTimers(wctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitTimer() // first read failed; waiting Poll
+	if src.readCount() != 1 {
+		t.Fatalf("%d reads before the first wait", src.readCount())
+	}
+	clock.Advance(time.Second)
+	waitTimer() // second read failed; waiting 2×Poll
+	if src.readCount() != 2 {
+		t.Fatalf("%d reads after one backoff", src.readCount())
+	}
+	clock.Advance(time.Second)
+	waitTimer()
+	if src.readCount() != 2 || len(v.positions()) != 0 {
+		t.Fatal("the runner retried before its doubled backoff elapsed")
+	}
+	clock.Advance(time.Second)
+	waitTimer() // caught up; polling
+	if got := v.positions(); !slices.Equal(got, upTo(5)) {
+		t.Fatalf("applied %v after recovering", got)
+	}
+	src.add(3)
+	clock.Advance(time.Second)
+	waitTimer()
+	if got := v.positions(); !slices.Equal(got, upTo(8)) {
+		t.Fatalf("applied %v after a poll", got)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run returned %v", err)
+	}
+}
+
+// An apply that fails leaves the checkpoint where it was, and Step returns
+// the failure as it is.
+func TestRunnerApplyFails(t *testing.T) {
+	t.Parallel()
+	src, store := &source{}, read.NewMemoryStore()
+	src.add(3)
+	boom := errors.New("poison")
+	r, err := read.NewRunner(src, store, key, func(context.Context, read.NoTx, []read.Event) error { return boom }, read.RunnerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.CatchUp(t.Context()); !errors.Is(err, boom) {
+		t.Fatalf("CatchUp = %v", err)
+	}
+	if at, _ := store.ReadCheckpoint(t.Context(), key); at != read.Origin {
+		t.Fatalf("checkpoint moved to %d", at)
+	}
+}
+
+func TestRunnerOptionsRefused(t *testing.T) {
+	t.Parallel()
+	src, store := &source{}, read.NewMemoryStore()
+	apply := func(context.Context, read.NoTx, []read.Event) error { return nil }
+	for _, tc := range []struct {
+		name  string
+		build func() error
+		field string
+	}{
+		{"nil source", func() error { _, err := read.NewRunner(nil, store, key, apply, read.RunnerOptions{}); return err }, "runner.source"},
+		{"nil store", func() error {
+			_, err := read.NewRunner[read.NoTx](src, nil, key, apply, read.RunnerOptions{})
+			return err
+		}, "runner.store"},
+		{"nil apply", func() error { _, err := read.NewRunner(src, store, key, nil, read.RunnerOptions{}); return err }, "runner.apply"},
+		{"bad key", func() error {
+			_, err := read.NewRunner(src, store, read.CheckpointKey{}, apply, read.RunnerOptions{})
+			return err
+		}, "checkpoint.projection"},
+		{"negative batch", func() error {
+			_, err := read.NewRunner(src, store, key, apply, read.RunnerOptions{Batch: -1})
+			return err
+		}, "runner.batch"},
+		{"huge batch", func() error {
+			_, err := read.NewRunner(src, store, key, apply, read.RunnerOptions{Batch: feed.MaxBatchLimit + 1})
+			return err
+		}, "runner.batch"},
+		{"negative poll", func() error {
+			_, err := read.NewRunner(src, store, key, apply, read.RunnerOptions{Poll: -time.Second})
+			return err
+		}, "runner.poll"},
+		{"backoff below poll", func() error {
+			_, err := read.NewRunner(src, store, key, apply, read.RunnerOptions{Poll: time.Minute, BackoffMax: time.Second})
+			return err
+		}, "runner.backoff_max"},
+	} {
+		var inv *feed.InvalidError
+		if err := tc.build(); !errors.As(err, &inv) || inv.Field != tc.field {
+			t.Errorf("%s: err = %v, want an InvalidError naming %s", tc.name, err, tc.field)
+		}
+	}
+}
