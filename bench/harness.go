@@ -20,6 +20,10 @@ import (
 	"github.com/kairos-es/kairos/pgfeed"
 )
 
+// appName marks the harness's sessions, so its wait-event samples leave out
+// everyone else's.
+const appName = "kairos-bench"
+
 // DefaultURL is the database the harness measures when neither
 // KAIROS_BENCH_DATABASE_URL nor KAIROS_TEST_DATABASE_URL is set.
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -109,6 +113,7 @@ func (e *env) pool(ctx context.Context, maxConns int32, counter *queryCounter) (
 		return nil, fmt.Errorf("parsing the database URL: %w", err) // pgx's message does not repeat a password
 	}
 	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	switch {
 	case counter != nil && e.stmts != nil:
 		cfg.ConnConfig.Tracer = bothTracers{counter, e.stmts}

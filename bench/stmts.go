@@ -93,3 +93,65 @@ func (b bothTracers) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.Tra
 func (b bothTracers) TraceQueryEnd(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) {
 	b.t.TraceQueryEnd(ctx, c, d)
 }
+
+// sampleWaits samples, every few milliseconds until stop is closed, what the
+// harness's active sessions are waiting on (pg_stat_activity), and returns
+// the share of samples per wait. It shows where a server-bound measurement's
+// time goes: a lock queue, a WAL flush, or the CPU ("running").
+func sampleWaits(ctx context.Context, e *env, stop <-chan struct{}) (map[string]float64, error) {
+	p, err := e.pool(ctx, 1, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	counts := map[string]float64{}
+	total := 0.0
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			for k := range counts {
+				counts[k] /= total
+			}
+			return counts, nil
+		case <-t.C:
+		}
+		rows, err := p.Query(ctx, `SELECT coalesce(wait_event_type || ':' || wait_event, 'running') FROM pg_stat_activity
+WHERE application_name = $1 AND state = 'active' AND pid <> pg_backend_pid()`, appName)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var w string
+			if err := rows.Scan(&w); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			counts[w]++
+			total++
+		}
+		rows.Close()
+	}
+}
+
+// reportWaits writes the wait shares, largest first.
+func reportWaits(w io.Writer, what string, shares map[string]float64) {
+	keys := make([]string, 0, len(shares))
+	for k := range shares {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		switch {
+		case shares[a] > shares[b]:
+			return -1
+		case shares[a] < shares[b]:
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	fmt.Fprintf(w, "bench: %s, active sessions by wait event:\n", what)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  %5.1f%%  %s\n", 100*shares[k], k)
+	}
+}
