@@ -39,7 +39,12 @@ func setup(t *testing.T) env {
 
 func setupMode(t *testing.T, mode pgx.QueryExecMode) env {
 	t.Helper()
-	pool := pgtest.Pool(t, pgtest.URL(), mode)
+	return setupURL(t, pgtest.URL(), mode)
+}
+
+func setupURL(t *testing.T, url string, mode pgx.QueryExecMode) env {
+	t.Helper()
+	pool := pgtest.Pool(t, url, mode)
 	schema := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

@@ -287,12 +287,15 @@ func TestInFlightCommitAndReset(t *testing.T) {
 // lost guard, and never a feed row left from before the reset.
 func TestCommitResetRace(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
+	raceCommitReset(t, setup(t), 100)
+}
+
+func raceCommitReset(t *testing.T, e env, rounds int) {
 	ctx := ctxFor(t, 90*time.Second)
 	fs := withFeed(t, e, orders, keyEU)
 	cs := committers(e, fs)
 	landed := 0
-	for i := range 100 {
+	for i := range rounds {
 		c := cs[i%2]
 		mustf(t, fs.Commit(ctx, keyEU, 0, 1, e.putView(orders, "old", `{"i":0}`)), "iteration %d: setup commit", i)
 		apply := e.putView(orders, "new", `{"i":1}`)
@@ -325,5 +328,5 @@ func TestCommitResetRace(t *testing.T) {
 			t.Fatalf("iteration %d: checkpoint %d, want Origin", i, at)
 		}
 	}
-	t.Logf("%d of 100 commits landed before their reset", landed)
+	t.Logf("%d of %d commits landed before their reset", landed, rounds)
 }

@@ -1,8 +1,9 @@
 // Package read is as much of an event-sourcing read side as a feed needs: a
 // checkpoint per (projection, partition), a ProjectionStore that commits a
-// projection's writes together with its checkpoint, and an in-memory store.
-// The Postgres store, the event log, the projection runner and WithFeed, the
-// decorator that ties a feed's generation to a checkpoint reset, build on it.
+// projection's writes together with its checkpoint, an in-memory store, and a
+// Runner that replays an EventSource into a store in batches. Package pgread
+// has the Postgres store, the event log, and WithFeed, the decorator that ties
+// a feed's generation to a checkpoint reset.
 //
 // # Why a checkpoint compare-and-set
 //
