@@ -125,7 +125,7 @@ func TestSinkHangCut(t *testing.T) {
 		}
 		slack := time.Duration(0)
 		if !e.fakeNow {
-			slack = 500 * time.Millisecond
+			slack = time.Second // scheduling, in real time on a shared machine
 		}
 		if got.waited < opts.SinkTimeout-slack || got.waited > opts.SinkTimeout+slack {
 			t.Fatalf("the call was cut after %v, want %v", got.waited, opts.SinkTimeout)
