@@ -98,7 +98,7 @@ ON CONFLICT (id) DO UPDATE SET doc = v.doc || excluded.doc RETURNING doc::text`,
 		{Type: "Discontinued", Data: []byte(`{"discontinued":true}`)},
 	})
 
-	v1, _ := read.NewRunner(events, read.ProjectionStore[pgx.Tx](bound), key, project(1), read.RunnerOptions{})
+	v1, _ := read.NewRunner[pgx.Tx](events, bound, key, project(1), read.RunnerOptions{})
 	n, err := v1.CatchUp(ctx)
 	fmt.Println("version 1 applied", n, "events", err)
 	printFeed(ctx, feeds, products)
@@ -110,7 +110,7 @@ ON CONFLICT (id) DO UPDATE SET doc = v.doc || excluded.doc RETURNING doc::text`,
 	})
 	fmt.Println("rebuilt to generation", gen, err)
 
-	v2, _ := read.NewRunner(events, read.ProjectionStore[pgx.Tx](bound), key, project(2), read.RunnerOptions{})
+	v2, _ := read.NewRunner[pgx.Tx](events, bound, key, project(2), read.RunnerOptions{})
 	n, err = v2.CatchUp(ctx)
 	fmt.Println("version 2 replayed", n, "events", err)
 	printFeed(ctx, feeds, products)
