@@ -24,7 +24,8 @@ type Event struct {
 	Type string
 	// Data is the event's JSON document.
 	Data json.RawMessage
-	// RecordedAt is when the append committed, by the database's clock.
+	// RecordedAt is when the event was appended, by the database's clock
+	// (its commit may come later).
 	RecordedAt time.Time
 }
 
