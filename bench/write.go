@@ -32,20 +32,28 @@ func (e *env) measureP1(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	batch := func(tx, n int) ([]string, []string) {
-		keys, docs := make([]string, n), make([]string, n)
-		for i := range n {
-			keys[i] = fmt.Sprintf("t%05d-%05d", tx, i)
-			docs[i] = string(doc300(tx*n + i))
-		}
-		return keys, docs
+	// Each side gets its input in the form its API takes, built before the
+	// clock starts: strings for the raw statements, changes for the feed.
+	type input struct {
+		keys, docs []string
+		changes    []feed.Change
 	}
-	timeTxs := func(body func(tx pgx.Tx, keys, docs []string) error) (float64, error) {
+	batch := func(tx, n int) input {
+		in := input{keys: make([]string, n), docs: make([]string, n), changes: make([]feed.Change, n)}
+		for i := range n {
+			doc := doc300(tx*n + i)
+			in.keys[i] = fmt.Sprintf("t%05d-%05d", tx, i)
+			in.docs[i] = string(doc)
+			in.changes[i] = feed.Put(feed.Key(in.keys[i]), doc)
+		}
+		return in
+	}
+	timeTxs := func(body func(tx pgx.Tx, in input) error) (float64, error) {
 		var per []float64
 		for i := range sz.WriteTxs + 1 { // the first is the warm-up
-			keys, docs := batch(i, sz.WriteChanges)
+			in := batch(i, sz.WriteChanges)
 			start := time.Now()
-			err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error { return body(tx, keys, docs) })
+			err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error { return body(tx, in) })
 			if err != nil {
 				return 0, err
 			}
@@ -66,16 +74,37 @@ func (e *env) measureP1(ctx context.Context) ([]Row, error) {
 			return 0, err
 		}
 		defer st.Close()
-		return timeTxs(func(tx pgx.Tx, keys, docs []string) error {
-			changes := make([]feed.Change, len(keys))
-			for i := range keys {
-				changes[i] = feed.Put(feed.Key(keys[i]), []byte(docs[i]))
-			}
-			_, err := st.Write(ctx, tx, "p1", changes)
+		return timeTxs(func(tx pgx.Tx, in input) error {
+			_, err := st.Write(ctx, tx, "p1", in.changes)
 			return err
 		})
 	}
-	baseline := func(int) (float64, error) {
+	// raw writes the same rows to a table built like the feed's rows table
+	// (same columns, keys, indexes and checks), seqs handed out by the client:
+	// the raw limit of writing exactly what the feed stores.
+	raw := func(int) (float64, error) {
+		s, err := e.newSchema(ctx, admin)
+		if err != nil {
+			return 0, err
+		}
+		defer s.drop()
+		t := s.qualify("raw_rows")
+		if _, err := admin.Exec(ctx, `CREATE TABLE `+t+` (LIKE `+s.table("rows")+` INCLUDING ALL)`); err != nil {
+			return 0, err
+		}
+		q := `INSERT INTO ` + t + ` AS r (feed, key, seq, doc)
+SELECT 'p1', c.key, $3::bigint + c.ord, c.doc::jsonb FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS c(key, doc, ord)
+ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`
+		var next int64
+		return timeTxs(func(tx pgx.Tx, in input) error {
+			_, err := tx.Exec(ctx, q, in.keys, in.docs, next)
+			next += int64(len(in.keys))
+			return err
+		})
+	}
+	// app writes the same documents to the app's own kind of table, a key
+	// and a document: what the transaction costs without any feed at all.
+	app := func(int) (float64, error) {
 		s, err := e.newSchema(ctx, admin)
 		if err != nil {
 			return 0, err
@@ -87,17 +116,21 @@ func (e *env) measureP1(ctx context.Context) ([]Row, error) {
 		}
 		q := `INSERT INTO ` + t + ` (key, doc) SELECT c.key, c.doc::jsonb FROM unnest($1::text[], $2::text[]) AS c(key, doc)
 ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`
-		return timeTxs(func(tx pgx.Tx, keys, docs []string) error {
-			_, err := tx.Exec(ctx, q, keys, docs)
+		return timeTxs(func(tx pgx.Tx, in input) error {
+			_, err := tx.Exec(ctx, q, in.keys, in.docs)
 			return err
 		})
 	}
-	sub, base, err := interleave(sz.Runs, subject, baseline)
+	out, err := interleaveN(sz.Runs, subject, raw, app)
 	if err != nil {
 		return nil, err
 	}
-	return []Row{newRow("P1", fmt.Sprintf("feed write: %d changes (300-byte JSON) in the app's transaction, per transaction; baseline: the same rows upserted raw by one unnest", sz.WriteChanges),
-		"ms", sub, base, "figure/baseline", div, "≤ 1.25×", func(_, r float64) bool { return r <= 1.25 })}, nil
+	return []Row{
+		newRow("P1", fmt.Sprintf("feed write: %d changes (300-byte JSON) in the app's transaction, per transaction; baseline: the same rows upserted raw by one unnest into a table like the feed's", sz.WriteChanges),
+			"ms", out[0], out[1], "figure/baseline", div, "≤ 1.25×", func(_, r float64) bool { return r <= 1.25 }),
+		newRow("P1 app", "the same feed write; baseline: the same documents upserted by one unnest into a (key, doc) table",
+			"ms", out[0], out[2], "figure/baseline", div, "", nil),
+	}, nil
 }
 
 // measureP6 runs Writers concurrent writers for WritersFor, each committing
