@@ -35,16 +35,19 @@ import (
 type measurement struct {
 	name string
 	run  func(e *env, ctx context.Context) ([]Row, error)
+	// extra groups run only when -only names them.
+	extra bool
 }
 
 var measurements = []measurement{
-	{"P1", (*env).measureP1},
-	{"P2", (*env).measureLarge}, // P2, P5 and describe share the large feed
-	{"P3", (*env).measureP3},
-	{"P4", (*env).measureP4},
-	{"P6", (*env).measureP6},
-	{"C", (*env).measureCollect},
-	{"S", (*env).measureSinks},
+	{"P1", (*env).measureP1, false},
+	{"P2", (*env).measureLarge, false}, // P2, P5 and describe share the large feed
+	{"P3", (*env).measureP3, false},
+	{"P4", (*env).measureP4, false},
+	{"P6", (*env).measureP6, false},
+	{"C", (*env).measureCollect, false},
+	{"S", (*env).measureSinks, false},
+	{"X", (*env).measureExperiments, true},
 }
 
 // aliases name the rows a measurement group also produces, for -only.
@@ -55,7 +58,7 @@ var aliases = map[string]string{"P5": "P2", "D": "P2"}
 func runAll(ctx context.Context, e *env, only []string) ([]Row, error) {
 	var rows []Row
 	for _, m := range measurements {
-		if len(only) > 0 && !slices.Contains(only, m.name) {
+		if len(only) > 0 && !slices.Contains(only, m.name) || len(only) == 0 && m.extra {
 			continue
 		}
 		start := time.Now()
@@ -85,7 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	tiny := fs.Bool("tiny", false, "run every row at a tiny size (the CI smoke run)")
 	runs := fs.Int("runs", 0, "measured runs per row (default 3, 1 with -tiny)")
-	only := fs.String("only", "", "comma-separated groups to run: P1,P2,P3,P4,P5,P6,D,C,S")
+	only := fs.String("only", "", "comma-separated groups to run: P1,P2,P3,P4,P5,P6,D,C,S, and X (experiments on P2, never run by default)")
 	cpuprofile := fs.String("cpuprofile", "", "write the harness's CPU profile to this file")
 	stmts := fs.Bool("stmts", false, "after each group, print its statements by client-side time")
 	if err := fs.Parse(args); err != nil {

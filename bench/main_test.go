@@ -94,3 +94,31 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestExperimentsSmoke runs group X, which the table leaves out, at the tiny
+// sizes: its rows must be measured too.
+func TestExperimentsSmoke(t *testing.T) {
+	e := &env{url: databaseURL(), sizes: TinySizes, log: testWriter{t}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := e.pool(ctx, 1, nil)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("PostgreSQL is unavailable (CI is set, so this is a failure): %v", err)
+		}
+		t.Skipf("PostgreSQL is unavailable: %v", err)
+	}
+	p.Close()
+	rows, err := runAll(ctx, e, []string{"X"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 {
+		t.Fatalf("group X gave %d rows, want 3", len(rows))
+	}
+	for _, r := range rows {
+		if err := r.Finite(); err != nil {
+			t.Error(err)
+		}
+	}
+}

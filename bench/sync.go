@@ -17,8 +17,13 @@ import (
 // cursor read and every batch included. The sink's cursor must already be
 // placed (incremental) or absent (resync).
 func catchUp(ctx context.Context, st *pgfeed.Store, id feed.SinkID, want int, resync bool) (float64, error) {
+	return catchUpRS(ctx, st, st, id, want, resync)
+}
+
+// catchUpRS is catchUp over a reader and a store that may differ.
+func catchUpRS(ctx context.Context, rd feed.Reader, ss feed.SyncStore, id feed.SinkID, want int, resync bool) (float64, error) {
 	sink := &noopSink{}
-	w, err := syncer.NewWorker(st, st, id, sink, syncer.Options{Logger: quiet, PollInterval: time.Minute})
+	w, err := syncer.NewWorker(rd, ss, id, sink, syncer.Options{Logger: quiet, PollInterval: time.Minute})
 	if err != nil {
 		return 0, err
 	}
