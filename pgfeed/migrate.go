@@ -1,6 +1,8 @@
 package pgfeed
 
 import (
+	"github.com/kairos-es/kairos/internal/pgschema"
+
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -131,6 +133,9 @@ func Migrate(ctx context.Context, db DBTX, schema, prefix string) ([]int, error)
 	}
 	var applied []int
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := pgschema.LockSchema(ctx, tx, n.schema); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, lockKey("migrate", n.schema, n.prefix)); err != nil {
 			return err
 		}

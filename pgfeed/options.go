@@ -1,6 +1,8 @@
 package pgfeed
 
 import (
+	"github.com/kairos-es/kairos/internal/pgschema"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -18,10 +20,8 @@ const (
 	DefaultSchema = "kairos"
 	// DefaultTablePrefix starts every table's name.
 	DefaultTablePrefix = "feed_"
-	// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN − 1), in bytes.
-	maxIdentLen = 63
 	// longestTable is the longest name this package appends to the prefix; the
-	// prefix is validated so that prefix + it still fits maxIdentLen.
+	// prefix is validated so that prefix + it still fits pgschema.MaxIdentLen.
 	longestTable = "generations"
 )
 
@@ -74,29 +74,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// validIdent is the one home of the identifier rule: lower-case ASCII letters,
-// digits and '_', not starting with a digit, at most max bytes. Quoting would
-// make any string safe in SQL, but a name that needs no quoting also reads the
-// same in psql, in logs and in a DBA's own scripts.
-func validIdent(field, s string, max int) error {
-	if s == "" {
-		return feed.Invalid(field, "must not be empty")
-	}
-	if len(s) > max {
-		return feed.Invalid(field, "is %d bytes long; at most %d fit PostgreSQL's %d-byte identifier limit", len(s), max, maxIdentLen)
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		ok := c >= 'a' && c <= 'z' || c == '_' || i > 0 && c >= '0' && c <= '9'
-		if !ok {
-			if c < 0x20 || c >= 0x7f || c == '"' || c == '\'' || c == '\\' {
-				return feed.Invalid(field, "has the byte 0x%02x at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
-			}
-			return feed.Invalid(field, "has %q at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
-		}
-	}
-	return nil
-}
+// validIdent is pgschema's identifier rule (its one home).
+func validIdent(field, s string, max int) error { return pgschema.ValidIdent(field, s, max) }
 
 // names are the validated, quoted, schema-qualified table names, built once.
 type names struct {
@@ -112,7 +91,7 @@ type names struct {
 	channel string
 }
 
-func quoteIdent(s string) string { return `"` + s + `"` } // s is a validated identifier
+func quoteIdent(s string) string { return pgschema.Quote(s) }
 
 // resolveNames validates schema and prefix (empty means default) and builds
 // the names.
@@ -123,10 +102,10 @@ func resolveNames(schema, prefix string) (names, error) {
 	if prefix == "" {
 		prefix = DefaultTablePrefix
 	}
-	if err := validIdent("schema", schema, maxIdentLen); err != nil {
+	if err := validIdent("schema", schema, pgschema.MaxIdentLen); err != nil {
 		return names{}, err
 	}
-	if err := validIdent("table_prefix", prefix, maxIdentLen-len(longestTable)); err != nil {
+	if err := validIdent("table_prefix", prefix, pgschema.MaxIdentLen-len(longestTable)); err != nil {
 		return names{}, err
 	}
 	t := func(table string) string { return quoteIdent(schema) + "." + quoteIdent(prefix+table) }

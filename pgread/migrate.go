@@ -1,11 +1,12 @@
 package pgread
 
 import (
+	"github.com/kairos-es/kairos/internal/pgschema"
+
 	"context"
 	"crypto/sha256"
 	"embed"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -14,7 +15,6 @@ import (
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kairos-es/kairos/feed"
 )
@@ -116,10 +116,9 @@ CREATE TABLE IF NOT EXISTS %s (
 // Migrate brings the tables for opts' schema and prefix up to date, in one
 // transaction, and returns the versions it applied. Two processes may migrate
 // at once: a transaction-scoped advisory lock makes the second wait for the
-// first and then find nothing left to do. A migrator of another package
-// (pgfeed's) creating the same schema at the same moment can make CREATE
-// SCHEMA IF NOT EXISTS fail with a duplicate; Migrate then runs again, once
-// the schema exists. It works through a transaction pooler.
+// first and then find nothing left to do, and pgschema's schema-wide lock
+// serialises it with pgfeed's migrator on the same schema. It works through a
+// transaction pooler.
 func Migrate(ctx context.Context, db DBTX, opts Options) ([]int, error) {
 	if db == nil {
 		return nil, feed.Invalid("db", "must not be nil")
@@ -132,22 +131,19 @@ func Migrate(ctx context.Context, db DBTX, opts Options) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	for attempt := 1; ; attempt++ {
-		applied, err := n.migrate(ctx, db, list)
-		var pgErr *pgconn.PgError
-		if err != nil && attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06") {
-			continue // a concurrent CREATE SCHEMA of another package won the race
-		}
-		if err != nil {
-			return nil, feed.WriteFailed("migrating schema "+n.schema, err)
-		}
-		return applied, nil
+	applied, err := n.migrate(ctx, db, list)
+	if err != nil {
+		return nil, feed.WriteFailed("migrating schema "+n.schema, err)
 	}
+	return applied, nil
 }
 
 func (n names) migrate(ctx context.Context, db DBTX, list []Migration) ([]int, error) {
 	var applied []int
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := pgschema.LockSchema(ctx, tx, n.schema); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, migrateLockKey(n)); err != nil {
 			return err
 		}

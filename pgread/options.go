@@ -1,12 +1,12 @@
 package pgread
 
 import (
+	"github.com/kairos-es/kairos/internal/pgschema"
+
 	"context"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/kairos-es/kairos/feed"
 )
 
 // Defaults of Options.
@@ -16,8 +16,6 @@ const (
 	DefaultSchema = "kairos"
 	// DefaultTablePrefix starts every table's name.
 	DefaultTablePrefix = "read_"
-	// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN − 1), in bytes.
-	maxIdentLen = 63
 	// longestTable is the longest name appended to the prefix.
 	longestTable = "checkpoints"
 )
@@ -45,28 +43,8 @@ type Options struct {
 	TablePrefix string
 }
 
-// validIdent is this package's identifier rule, the same as pgfeed's: lower-
-// case ASCII letters, digits and '_', not starting with a digit, at most max
-// bytes. A name that needs no quoting reads the same in psql and in logs; it
-// is quoted anyway.
-func validIdent(field, s string, max int) error {
-	if s == "" {
-		return feed.Invalid(field, "must not be empty")
-	}
-	if len(s) > max {
-		return feed.Invalid(field, "is %d bytes long; at most %d fit PostgreSQL's %d-byte identifier limit", len(s), max, maxIdentLen)
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c == '_' || i > 0 && c >= '0' && c <= '9') {
-			if c < 0x20 || c >= 0x7f || c == '"' || c == '\'' || c == '\\' {
-				return feed.Invalid(field, "has the byte 0x%02x at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
-			}
-			return feed.Invalid(field, "has %q at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
-		}
-	}
-	return nil
-}
+// validIdent is pgschema's identifier rule, shared with pgfeed.
+func validIdent(field, s string, max int) error { return pgschema.ValidIdent(field, s, max) }
 
 // names are the validated, quoted, schema-qualified table names, built once.
 type names struct {
@@ -89,10 +67,10 @@ func resolveNames(o Options) (names, error) {
 	if prefix == "" {
 		prefix = DefaultTablePrefix
 	}
-	if err := validIdent("schema", schema, maxIdentLen); err != nil {
+	if err := validIdent("schema", schema, pgschema.MaxIdentLen); err != nil {
 		return names{}, err
 	}
-	if err := validIdent("table_prefix", prefix, maxIdentLen-len(longestTable)); err != nil {
+	if err := validIdent("table_prefix", prefix, pgschema.MaxIdentLen-len(longestTable)); err != nil {
 		return names{}, err
 	}
 	t := func(table string) string { return quoteIdent(schema) + "." + quoteIdent(prefix+table) }

@@ -1,0 +1,62 @@
+// Package pgschema is what every Kairos package that owns PostgreSQL tables
+// (pgfeed, pgread) shares about them: the identifier rule for schemas and
+// table prefixes, quoting, and the schema-wide lock their migrators take.
+package pgschema
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// MaxIdentLen is PostgreSQL's identifier limit, in bytes.
+const MaxIdentLen = 63
+
+// ValidIdent is the one home of the identifier rule: lower-case ASCII letters,
+// digits and '_', not starting with a digit, at most max bytes. Quoting would
+// make any string safe in SQL, but a name that needs no quoting also reads the
+// same in psql, in logs and in a DBA's own scripts; it is quoted anyway.
+func ValidIdent(field, s string, max int) error {
+	if s == "" {
+		return feed.Invalid(field, "must not be empty")
+	}
+	if len(s) > max {
+		return feed.Invalid(field, "is %d bytes long; at most %d fit PostgreSQL's %d-byte identifier limit", len(s), max, MaxIdentLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c == '_' || i > 0 && c >= '0' && c <= '9') {
+			if c < 0x20 || c >= 0x7f || c == '"' || c == '\'' || c == '\\' {
+				return feed.Invalid(field, "has the byte 0x%02x at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
+			}
+			return feed.Invalid(field, "has %q at offset %d; it must match ^[a-z_][a-z0-9_]*$", c, i)
+		}
+	}
+	return nil
+}
+
+// Quote quotes an identifier that passed ValidIdent.
+func Quote(s string) string { return `"` + s + `"` }
+
+// LockKey hashes parts, under a namespace naming the package, into a 64-bit
+// advisory lock key, so that processes that agree on what a lock guards agree
+// on its key.
+func LockKey(namespace string, parts ...string) int64 {
+	b, _ := json.Marshal(append([]string{namespace}, parts...)) // []string always marshals
+	sum := sha256.Sum256(b)
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+// LockSchema takes, for tx's length, the lock every Kairos migrator of schema
+// takes first. Without it, two packages migrating one new schema at once race
+// on CREATE SCHEMA IF NOT EXISTS, which is not safe under concurrency in
+// PostgreSQL (the loser fails with a unique violation on pg_namespace).
+func LockSchema(ctx context.Context, tx pgx.Tx, schema string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, LockKey("kairos/schema", schema))
+	return err
+}
