@@ -2,6 +2,7 @@ package feed
 
 import (
 	"context"
+	"time"
 )
 
 // Writer writes changes to a feed inside the caller's transaction, so a change
@@ -55,8 +56,9 @@ type SyncStore interface {
 	// AcquireLease takes the lease of id for this worker, registering the sink
 	// (creating its cursor row, cursor absent) on its first lease. A lease held
 	// by a live worker refuses with a *LeaseHeldError. The lease lives until
-	// Release or until ctx ends, whichever comes first; a crashed worker's lease
-	// lapses on its own.
+	// Release or until ctx ends, whichever comes first (so a caller must not
+	// end ctx while a sink call it let through is still running); a crashed
+	// worker's lease lapses on its own.
 	AcquireLease(ctx context.Context, id SinkID) (Lease, error)
 	// ReadCursor returns the sink's cursor; the zero Cursor when it has none or
 	// is not registered.
@@ -96,6 +98,14 @@ type Lease interface {
 	// rival took the lease, and a *LeaseLostError once it might. Call it before
 	// every sink call that changes the sink.
 	EnsureHeld(ctx context.Context) error
+	// Margin is how long a sink call that EnsureHeld let through may take and
+	// still be sure to land before a rival can hold the lease (a lease row's
+	// margin; see LeaseOptions). ok is false for a lease with no such bound (an
+	// advisory lock: its session can die at any moment, and a call already
+	// under way then lands as late as its own length). The driver bounds every
+	// sink call from it, so a call's deadline always matches the lease it runs
+	// under, whatever the store was configured with.
+	Margin() (margin time.Duration, ok bool)
 	// Release gives the lease up and clears its holder (best effort: a crashed
 	// release only leaves the lease to lapse). Safe to call more than once.
 	Release(ctx context.Context) error
@@ -120,7 +130,8 @@ type Sink interface {
 // ResyncTarget is a fresh copy of a sink being filled by a resync. Records are
 // applied to it in seq order, tombstones included; Publish swaps it in at once
 // where the sink allows it (a sink that cannot says so in its documentation and
-// rebuilds in place); Abort throws it away.
+// rebuilds in place); Abort throws it away, and must touch nothing but this
+// unpublished copy, since a worker calls it after its lease may be gone.
 type ResyncTarget interface {
 	Apply(ctx context.Context, records []Record) ([]Rejection, error)
 	Publish(ctx context.Context) error

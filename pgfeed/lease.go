@@ -193,6 +193,10 @@ func (l *advisoryLease) Holder() feed.LeaseHolder { return l.holder }
 // EnsureHeld asks the lock's own session whether it still holds the lock. A
 // session that is gone cannot answer, and any failure to answer is a lost
 // lease, for good.
+// Margin reports no bound: an advisory lock has no expiry to keep a margin
+// from, and its session can die while a call it let through is under way.
+func (l *advisoryLease) Margin() (time.Duration, bool) { return 0, false }
+
 func (l *advisoryLease) EnsureHeld(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

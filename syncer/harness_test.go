@@ -15,7 +15,6 @@ import (
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/feed/memfeed"
-	"github.com/kairos-es/kairos/syncer"
 )
 
 // backend builds the store a scenario runs over. Scenarios take a backend so
@@ -25,9 +24,7 @@ type backend struct {
 	name string
 	// synctest: the scenario runs inside testing/synctest, on fake time.
 	synctest bool
-	// leaseKind is the kind of lease the store hands out.
-	leaseKind syncer.LeaseKind
-	new       func(t *testing.T) feedtest.StoreHarness
+	new      func(t *testing.T) feedtest.StoreHarness
 }
 
 var memBackend = backend{

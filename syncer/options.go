@@ -1,7 +1,6 @@
 package syncer
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -26,35 +25,10 @@ const (
 	// before it tries again (jittered). A standby worker costs one short
 	// statement per retry.
 	DefaultLeaseRetry = 5 * time.Second
-	// DefaultAdvisorySinkTimeout bounds each sink call under the advisory-lock
-	// kind, whose lease has no margin to fit the call into.
+	// DefaultAdvisorySinkTimeout bounds each sink call under a lease with no
+	// margin to fit the call into (an advisory lock).
 	DefaultAdvisorySinkTimeout = 30 * time.Second
 )
-
-// LeaseKind is the kind of lease the SyncStore hands out. The store decides
-// the kind; the worker needs to know it only to bound its sink calls.
-type LeaseKind int
-
-const (
-	// LeaseRow is a holder and an expiry on the cursor row, renewed by a
-	// heartbeat (feed.LeaseOptions). A sink call must fit in the lease's margin,
-	// so SinkTimeout defaults to half of it and may not reach it.
-	LeaseRow LeaseKind = iota
-	// AdvisoryLock is a session lock on a reserved connection. It has no margin:
-	// EnsureHeld asks the session, and a call it let through is stale only if
-	// the session dies during it.
-	AdvisoryLock
-)
-
-func (k LeaseKind) String() string {
-	switch k {
-	case LeaseRow:
-		return "lease-row"
-	case AdvisoryLock:
-		return "advisory-lock"
-	}
-	return fmt.Sprintf("LeaseKind(%d)", int(k))
-}
 
 // Options configure a Worker or a Runner. The zero value is valid and means
 // every default.
@@ -77,19 +51,16 @@ type Options struct {
 	// and a half times it, when a rival holds the lease. Defaults to
 	// DefaultLeaseRetry.
 	LeaseRetry time.Duration
-	// LeaseKind is the kind of lease the store hands out. Defaults to LeaseRow.
-	LeaseKind LeaseKind
-	// Lease holds the lease-row timings the store was built with (the store
-	// does not say); only the margin matters here, as the bound SinkTimeout
-	// must stay under. Ignored under AdvisoryLock. Zero fields take the
-	// defaults of feed.LeaseOptions.
-	Lease feed.LeaseOptions
-	// SinkTimeout is the context deadline of every sink call. Under LeaseRow
-	// it must be shorter than the lease margin, so that a call EnsureHeld let
-	// through is cut before a rival can take the lease. Sinks must honour their
-	// context: the worker never abandons a call in flight, since a call left
-	// running could land after the next one. Defaults to half the margin under
-	// LeaseRow, DefaultAdvisorySinkTimeout under AdvisoryLock.
+	// SinkTimeout is the context deadline of every sink call. Sinks must
+	// honour their context: the worker never abandons a call in flight, since
+	// a call left running could land after the next one. Under a lease with a
+	// margin (feed.Lease.Margin: lease rows), a call must end within it, so
+	// that a call EnsureHeld let through lands before a rival can take the
+	// lease: the deadline defaults to half the margin, and a SinkTimeout at or
+	// above the margin of the lease the worker holds is cut to half of it, with
+	// a warning. Under a lease without one (advisory locks) it defaults to
+	// DefaultAdvisorySinkTimeout. The bound comes from the lease itself, so it
+	// always matches how the store was configured.
 	SinkTimeout time.Duration
 	// Clock is the time the worker's waits (poll, backoff, lease retry) run on
 	// and its State is stamped with. A sink call's deadline is a context
@@ -137,26 +108,6 @@ func (o Options) resolve() (Options, error) {
 	}
 	if o.SinkTimeout < 0 {
 		return o, feed.Invalid(p+"sink_timeout", "is %v; durations must be positive", o.SinkTimeout)
-	}
-	switch o.LeaseKind {
-	case LeaseRow:
-		lease, err := o.Lease.Resolve(p + "lease")
-		if err != nil {
-			return o, err
-		}
-		o.Lease = lease
-		if o.SinkTimeout == 0 {
-			o.SinkTimeout = lease.Margin / 2
-		}
-		if o.SinkTimeout >= lease.Margin {
-			return o, feed.Invalid(p+"sink_timeout", "(%v) must be shorter than the lease margin (%v), or a sink call could land after a rival took the lease", o.SinkTimeout, lease.Margin)
-		}
-	case AdvisoryLock:
-		if o.SinkTimeout == 0 {
-			o.SinkTimeout = DefaultAdvisorySinkTimeout
-		}
-	default:
-		return o, feed.Invalid(p+"lease_kind", "is %v; it must be LeaseRow or AdvisoryLock", o.LeaseKind)
 	}
 	if o.Clock == nil {
 		o.Clock = feed.SystemClock{}

@@ -3,6 +3,8 @@ package syncer_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -49,10 +51,6 @@ func TestOptionsRefused(t *testing.T) {
 		{"backoff max under min", syncer.Options{BackoffMin: time.Second, BackoffMax: time.Millisecond}, "syncer.backoff_max"},
 		{"negative lease retry", syncer.Options{LeaseRetry: -1}, "syncer.lease_retry"},
 		{"negative sink timeout", syncer.Options{SinkTimeout: -1}, "syncer.sink_timeout"},
-		{"sink timeout at the margin", syncer.Options{SinkTimeout: 10 * time.Second}, "syncer.sink_timeout"},
-		{"sink timeout over a set margin", syncer.Options{Lease: feed.LeaseOptions{TTL: 9 * time.Second, Margin: 3 * time.Second}, SinkTimeout: 4 * time.Second}, "syncer.sink_timeout"},
-		{"bad lease timings", syncer.Options{Lease: feed.LeaseOptions{TTL: time.Second, Heartbeat: 2 * time.Second}}, "syncer.lease.heartbeat"},
-		{"unknown lease kind", syncer.Options{LeaseKind: 7}, "syncer.lease_kind"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := syncer.NewWorker(store, store, id, nopSink{}, tc.opts)
@@ -74,8 +72,7 @@ func TestOptionsAccepted(t *testing.T) {
 		opts syncer.Options
 	}{
 		{"zero", syncer.Options{}},
-		{"advisory with a long sink timeout", syncer.Options{LeaseKind: syncer.AdvisoryLock, SinkTimeout: time.Minute}},
-		{"sink timeout just under the margin", syncer.Options{SinkTimeout: 10*time.Second - 1}},
+		{"a long sink timeout (bounded by each lease's margin at run time)", syncer.Options{SinkTimeout: time.Minute}},
 		{"backoff min above the default max", syncer.Options{BackoffMin: time.Minute}},
 		{"largest batch", syncer.Options{BatchSize: feed.MaxBatchLimit}},
 	} {
@@ -112,4 +109,66 @@ func TestConstructionRefused(t *testing.T) {
 	wantField(t, "nil target sink", err, "targets[0].sink")
 	_, err = syncer.NewRunner(nil, store, []syncer.Target{{ID: id, Sink: nopSink{}}}, syncer.Options{})
 	wantField(t, "nil runner reader", err, "reader")
+}
+
+// deadlineSink records how far off the deadline of its first call was.
+type deadlineSink struct {
+	nopSink
+	got chan time.Duration
+}
+
+func (s deadlineSink) OpenResync(ctx context.Context, g feed.Generation) (feed.ResyncTarget, error) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(1000 * time.Hour)
+	}
+	select {
+	case s.got <- time.Until(d):
+	default:
+	}
+	return nil, errors.New("enough")
+}
+
+// The deadline of a sink call comes from the lease the worker holds: half its
+// margin by default, the configured SinkTimeout when that is shorter than the
+// margin, and half the margin again when SinkTimeout is not (the store's
+// timings win over a driver configured apart from them).
+func TestSinkDeadlineFollowsLeaseMargin(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		margin   time.Duration
+		set      time.Duration
+		min, max time.Duration
+	}{
+		{"default: half the margin", 4 * time.Second, 0, 1500 * time.Millisecond, 2 * time.Second},
+		{"set under the margin", 4 * time.Second, time.Second, 500 * time.Millisecond, time.Second},
+		{"set over the margin is cut", 4 * time.Second, time.Minute, 1500 * time.Millisecond, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := memfeed.New(memfeed.Options{Lease: feed.LeaseOptions{TTL: 12 * time.Second, Heartbeat: 2 * time.Second, Margin: tc.margin}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink := deadlineSink{got: make(chan time.Duration, 1)}
+			w, err := syncer.NewWorker(store, store, feed.SinkID{Feed: "f", Sink: "s"}, sink, syncer.Options{
+				SinkTimeout: tc.set,
+				Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = w.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			select {
+			case left := <-sink.got:
+				if left < tc.min || left > tc.max {
+					t.Fatalf("the sink call's deadline was %v away, want %v to %v", left, tc.min, tc.max)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the worker made no sink call")
+			}
+		})
+	}
 }

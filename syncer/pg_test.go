@@ -16,7 +16,6 @@ import (
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
 	"github.com/kairos-es/kairos/pgfeed"
-	"github.com/kairos-es/kairos/syncer"
 )
 
 // pgBackend runs the scenarios on PostgreSQL, in real time: a schema of the
@@ -32,8 +31,7 @@ var pgBackend = backend{
 // pgAdvisoryBackend is pgBackend with advisory-lock leases, on a pool of
 // their own.
 var pgAdvisoryBackend = backend{
-	name:      "pgfeed-advisory",
-	leaseKind: syncer.AdvisoryLock,
+	name: "pgfeed-advisory",
 	new: func(t *testing.T) feedtest.StoreHarness {
 		leases := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 		s, pool, _ := newPG(t, pgfeed.Options{AdvisoryLock: leases})
@@ -126,17 +124,15 @@ func TestTerminatedBackends(t *testing.T) {
 				t.Fatal(err)
 			}
 			opts := pgfeed.Options{Schema: schema, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))}
-			kind := syncer.LeaseRow
 			if advisory {
 				opts.AdvisoryLock = namedPool(t, app)
-				kind = syncer.AdvisoryLock
 			}
 			store, err := pgfeed.New(ctx, pool, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(store.Close)
-			e := &env{t: t, ctx: ctx, b: backend{name: "pgfeed", leaseKind: kind}, h: pgHarness(store, pool), feed: "terminated"}
+			e := &env{t: t, ctx: ctx, b: backend{name: "pgfeed"}, h: pgHarness(store, pool), feed: "terminated"}
 			w := newWorld(e, "s")
 			w.checkLease = false // a killed advisory session leaves its holder recorded until the next take
 			o := testOptions(t, e)

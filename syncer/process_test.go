@@ -188,7 +188,6 @@ func rivalChild() int {
 	}
 	r, err := syncer.NewRunner(store, spy, targets, syncer.Options{
 		BatchSize:    50,
-		Lease:        rivalLease,
 		SinkTimeout:  500 * time.Millisecond,
 		LeaseRetry:   200 * time.Millisecond,
 		PollInterval: time.Second,

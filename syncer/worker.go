@@ -68,6 +68,10 @@ type Worker struct {
 	log     *slog.Logger
 	running atomic.Bool
 
+	// sinkTimeout is the deadline of a sink call under the lease held now,
+	// set at the start of each session; only the worker's goroutine uses it.
+	sinkTimeout time.Duration
+
 	mu    sync.Mutex
 	state State
 }
@@ -215,6 +219,7 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 			s.sub.Close()
 		}
 	}()
+	w.sinkTimeout = w.sinkTimeoutFor(lease)
 	w.update(func(st *State) { st.LeaseHeld = true; st.Holder = lease.Holder() })
 	w.log.Debug("feed lease taken", "holder", string(lease.Holder()))
 	failures := 0
@@ -525,10 +530,29 @@ func (s *session) abort(ctx context.Context, target feed.ResyncTarget) {
 	}
 }
 
+// sinkTimeoutFor is the deadline of every sink call under lease; see
+// Options.SinkTimeout.
+func (w *Worker) sinkTimeoutFor(lease feed.Lease) time.Duration {
+	set := w.opts.SinkTimeout
+	margin, ok := lease.Margin()
+	switch {
+	case !ok && set > 0:
+		return set
+	case !ok:
+		return DefaultAdvisorySinkTimeout
+	case set > 0 && set < margin:
+		return set
+	}
+	if set > 0 {
+		w.log.Warn("sink_timeout is not shorter than the lease margin; each sink call is cut at half the margin instead", "sink_timeout", set, "margin", margin)
+	}
+	return max(margin/2, time.Nanosecond)
+}
+
 // call runs one sink call under the sink deadline, turning a panic into an
 // error so that a faulty sink cannot take the worker down.
 func (w *Worker) call(ctx context.Context, op string, f func(context.Context) error) (err error) {
-	cctx, cancel := context.WithTimeout(ctx, w.opts.SinkTimeout)
+	cctx, cancel := context.WithTimeout(ctx, w.sinkTimeout)
 	defer cancel()
 	defer func() {
 		if r := recover(); r != nil {
@@ -538,7 +562,7 @@ func (w *Worker) call(ctx context.Context, op string, f func(context.Context) er
 	}()
 	if err := f(cctx); err != nil {
 		if ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
-			err = fmt.Errorf("cut at its %v deadline: %w", w.opts.SinkTimeout, err)
+			err = fmt.Errorf("cut at its %v deadline: %w", w.sinkTimeout, err)
 		}
 		return &SinkError{ID: w.id, Op: op, Err: err}
 	}

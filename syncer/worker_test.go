@@ -22,7 +22,6 @@ import (
 func testOptions(t *testing.T, e *env) syncer.Options {
 	o := syncer.Options{
 		BatchSize: 100,
-		LeaseKind: e.b.leaseKind,
 		Logger:    slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if !e.fakeNow {

@@ -87,6 +87,10 @@ func (l *Lease) ID() feed.SinkID { return l.cfg.ID }
 // Holder returns the lease's holder id.
 func (l *Lease) Holder() feed.LeaseHolder { return l.cfg.Holder }
 
+// Margin is the lease row's margin: a call EnsureHeld let through that ends
+// within it lands before any rival can take the row.
+func (l *Lease) Margin() (time.Duration, bool) { return l.cfg.Timings.Margin, true }
+
 // EnsureHeld fails once the lease is known lost, or once the last renewal that
 // landed started Usable() ago; see feed.LeaseOptions for why that bound is safe.
 // It asks nothing of the store.
