@@ -1,8 +1,6 @@
 package pgfeed
 
 import (
-	"github.com/kairos-es/kairos/internal/pgschema"
-
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgschema"
 )
 
 // Defaults of Options.
@@ -80,12 +79,10 @@ func validIdent(field, s string, max int) error { return pgschema.ValidIdent(fie
 // names are the validated, quoted, schema-qualified table names, built once.
 type names struct {
 	schema, prefix string
-	quotedSchema   string
 	generations    string
 	rows           string
 	cursors        string
 	parked         string
-	migrations     string
 	// channel is the NOTIFY channel of every feed under this schema and
 	// prefix; the payload is the feed's name.
 	channel string
@@ -110,14 +107,12 @@ func resolveNames(schema, prefix string) (names, error) {
 	}
 	t := func(table string) string { return quoteIdent(schema) + "." + quoteIdent(prefix+table) }
 	return names{
-		schema:       schema,
-		prefix:       prefix,
-		quotedSchema: quoteIdent(schema),
-		generations:  t("generations"),
-		rows:         t("rows"),
-		cursors:      t("cursors"),
-		parked:       t("parked"),
-		migrations:   t("migrations"),
-		channel:      fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
+		schema:      schema,
+		prefix:      prefix,
+		generations: t("generations"),
+		rows:        t("rows"),
+		cursors:     t("cursors"),
+		parked:      t("parked"),
+		channel:     fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
 	}, nil
 }

@@ -1,12 +1,12 @@
 package pgread
 
 import (
-	"github.com/kairos-es/kairos/internal/pgschema"
-
 	"context"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kairos-es/kairos/internal/pgschema"
 )
 
 // Defaults of Options.
@@ -49,12 +49,10 @@ func validIdent(field, s string, max int) error { return pgschema.ValidIdent(fie
 // names are the validated, quoted, schema-qualified table names, built once.
 type names struct {
 	schema, prefix string
-	quotedSchema   string
 	checkpoints    string
 	log            string
 	streams        string
 	events         string
-	migrations     string
 }
 
 func quoteIdent(s string) string { return `"` + s + `"` } // s is a validated identifier
@@ -75,13 +73,11 @@ func resolveNames(o Options) (names, error) {
 	}
 	t := func(table string) string { return quoteIdent(schema) + "." + quoteIdent(prefix+table) }
 	return names{
-		schema:       schema,
-		prefix:       prefix,
-		quotedSchema: quoteIdent(schema),
-		checkpoints:  t("checkpoints"),
-		log:          t("log"),
-		streams:      t("streams"),
-		events:       t("events"),
-		migrations:   t("migrations"),
+		schema:      schema,
+		prefix:      prefix,
+		checkpoints: t("checkpoints"),
+		log:         t("log"),
+		streams:     t("streams"),
+		events:      t("events"),
 	}, nil
 }
