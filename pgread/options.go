@@ -1,12 +1,8 @@
 package pgread
 
 import (
-	"context"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/kairos-es/kairos/internal/pgschema"
+	"github.com/kairos-es/kairos/pgfeed"
 )
 
 // Defaults of Options.
@@ -20,15 +16,11 @@ const (
 	longestTable = "checkpoints"
 )
 
-// DBTX is what a Store or an EventLog runs its statements on: a
-// *pgxpool.Pool in production, a *pgx.Conn where the caller wants. Begin opens
-// the transactions of Commit, of a WithFeed reset and of AppendCommitted.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+// DBTX is what a Store or an EventLog runs its statements on: pgfeed's, since
+// the read side and the feed live in one database and are handed one pool.
+// Begin opens the transactions of Commit, of a WithFeed reset and of
+// AppendCommitted.
+type DBTX = pgfeed.DBTX
 
 // Options name the tables of a Store and an EventLog. The zero value is valid
 // and means all defaults.
