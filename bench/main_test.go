@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
@@ -15,7 +17,9 @@ func TestMain(m *testing.M) {
 	if runChild() {
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every worker, listener, pool and Watermill subscriber a measurement
+	// starts must be gone when it returns.
+	goleak.VerifyTestMain(m)
 }
 
 // TestSmoke runs every row of the table at the tiny sizes and fails unless
