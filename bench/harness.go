@@ -50,6 +50,7 @@ type Sizes struct {
 	CatchUp        int           // P4: backlog size
 	LatencyRate    int           // P3: commits per second
 	LatencyFor     time.Duration // P3: how long commits are paced
+	StrictRate     bool          // P3: fail when the writer falls short of LatencyRate
 	IdleFor        time.Duration // P3: idle window per subject
 	Writers        int           // P6: concurrent writers
 	WritersFor     time.Duration // P6: how long they commit
@@ -64,7 +65,7 @@ type Sizes struct {
 var FullSizes = Sizes{
 	Runs: 3, WriteChanges: 1000, WriteTxs: 30,
 	Backlog: 1_000_000, SmallBacklog: 100_000, CatchUp: 100_000,
-	LatencyRate: 500, LatencyFor: 3 * time.Second, IdleFor: 6 * time.Second,
+	LatencyRate: 500, LatencyFor: 3 * time.Second, StrictRate: true, IdleFor: 6 * time.Second,
 	Writers: 16, WritersFor: 3 * time.Second,
 	Tombstones: 100_000, DescribeSinks: 10, DescribeCalls: 3,
 	SinkApplyBatch: 500, SinkApplyRecs: 200_000,
@@ -74,7 +75,7 @@ var FullSizes = Sizes{
 var TinySizes = Sizes{
 	Runs: 1, WriteChanges: 100, WriteTxs: 3,
 	Backlog: 4_000, SmallBacklog: 2_000, CatchUp: 2_000,
-	LatencyRate: 200, LatencyFor: 250 * time.Millisecond, IdleFor: 1200 * time.Millisecond,
+	LatencyRate: 100, LatencyFor: 500 * time.Millisecond, IdleFor: 1200 * time.Millisecond,
 	Writers: 4, WritersFor: 300 * time.Millisecond,
 	Tombstones: 1_000, DescribeSinks: 3, DescribeCalls: 2,
 	SinkApplyBatch: 500, SinkApplyRecs: 5_000,

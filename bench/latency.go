@@ -175,7 +175,9 @@ func (e *env) latency(ctx context.Context, admin *pgxpool.Pool, open func(ctx co
 		}
 		committed[i] = time.Now()
 	}
-	if achieved := float64(n) / time.Since(start).Seconds(); achieved < 0.9*float64(sz.LatencyRate) {
+	// A busy CI machine may not keep the tiny rate; there only the figures'
+	// being measured matters, not the rate they were measured at.
+	if achieved := float64(n) / time.Since(start).Seconds(); sz.StrictRate && achieved < 0.9*float64(sz.LatencyRate) {
 		return latencyRun{}, fmt.Errorf("commits ran at %.0f/s, short of the %d/s asked: the figures would not be at that rate", achieved, sz.LatencyRate)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
