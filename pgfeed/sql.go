@@ -28,9 +28,13 @@ type statements struct {
 	// head and generation read the generations row; no row means head 0 and
 	// generation 1.
 	head, generation string
-	// readBatch reads the generation, the head and up to $3 rows after seq $2
-	// in one statement, so in one snapshot.
-	readBatch string
+	// readBatch reads up to $3 rows after seq $2 with the generation and the
+	// head beside each, in one statement, so in one snapshot. The two come
+	// from scalar subqueries (run once) so that the only ordering is the
+	// (feed, seq) index's: joining them in and sorting again would sort the
+	// batch's documents a second time. When no row comes back, meta reads the
+	// two alone: with no record to agree with, a later snapshot is as good.
+	readBatch, meta string
 
 	// lockSinkXact tries the sink's advisory lock for the transaction: a live
 	// advisory lease holds it for its session, so getting it proves no live
@@ -122,12 +126,11 @@ RETURNING g.generation`,
 
 		head:       `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
 		generation: `SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text`,
-		readBatch: `SELECT f.generation, f.head, b.key, b.seq, b.doc
-FROM (SELECT coalesce(max(generation), 1) AS generation, coalesce(max(head), 0) AS head FROM ` + g + ` WHERE feed = $1::text) AS f
-LEFT JOIN LATERAL (
-	SELECT key, seq, doc::text AS doc FROM ` + r + ` WHERE feed = $1::text AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint
-) AS b ON true
-ORDER BY b.seq`,
+		readBatch: `SELECT (SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text),
+	(SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text),
+	key, seq, doc
+FROM ` + r + ` WHERE feed = $1::text AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint`,
+		meta: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
 
 		lockSinkXact: `SELECT pg_try_advisory_xact_lock($1::bigint)`,
 		takeRow: `INSERT INTO ` + c + ` AS c (feed, sink, lease_holder, lease_expires_at)

@@ -2,7 +2,6 @@ package pgfeed
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -231,25 +230,25 @@ func (s *Store) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, 
 	var b feed.Batch
 	for rows.Next() {
 		var (
-			gen, head int64
-			key       *string
-			seq       *int64
-			doc       []byte
+			gen, head, seq int64
+			key            string
+			doc            []byte
 		)
 		if err := rows.Scan(&gen, &head, &key, &seq, &doc); err != nil {
 			return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
 		}
 		b.Generation, b.Head = feed.Generation(gen), feed.Seq(head)
-		if key == nil {
-			continue // the feed has no rows after `after`: the LEFT JOIN's one empty row
-		}
-		b.Records = append(b.Records, feed.Record{Key: feed.Key(*key), Seq: feed.Seq(*seq), Doc: doc})
+		b.Records = append(b.Records, feed.Record{Key: feed.Key(key), Seq: feed.Seq(seq), Doc: doc})
 	}
 	if err := rows.Err(); err != nil {
 		return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
 	}
-	if b.Generation == 0 {
-		return feed.Batch{}, feed.Unreadable("reading feed "+string(f), errors.New("the batch query returned no row"))
+	if len(b.Records) == 0 {
+		var gen, head int64
+		if err := s.db.QueryRow(ctx, s.sql.meta, string(f)).Scan(&gen, &head); err != nil {
+			return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
+		}
+		b.Generation, b.Head = feed.Generation(gen), feed.Seq(head)
 	}
 	return b, nil
 }

@@ -44,8 +44,8 @@ func (s *Store) ReadCursor(ctx context.Context, id feed.SinkID) (feed.Cursor, er
 }
 
 // CASCursor makes the fenced move m in one transaction: the guarded move,
-// then its park changes, which a lost guard rolls back with it; see
-// feed.CursorMove and statements.cas.
+// then its park changes, which a lost guard rolls back with it (a move without
+// park changes is its one statement); see feed.CursorMove and statements.cas.
 func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 	if err := m.Validate(); err != nil {
 		return err
@@ -82,6 +82,20 @@ func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 	if parkKeys == nil {
 		parkKeys, parkSeqs, parkReasons, parkTimes = []string{}, []int64{}, []string{}, []time.Time{}
 	}
+	if !m.Parked.Replace && len(unpark) == 0 && len(parkKeys) == 0 {
+		// No park changes: the guarded move is one statement, atomic on its
+		// own, so it needs no transaction around it (one round trip, not three).
+		tag, err := s.db.Exec(ctx, s.sql.cas,
+			string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
+			int64(m.Next.Generation), int64(m.Next.Seq), expGen, expSeq, s.now())
+		if err != nil {
+			return feed.WriteFailed("moving the cursor of "+m.ID.String(), err)
+		}
+		if tag.RowsAffected() == 0 {
+			return &feed.CursorSupersededError{ID: m.ID}
+		}
+		return nil
+	}
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, s.sql.cas,
 			string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
@@ -91,9 +105,6 @@ func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 		}
 		if tag.RowsAffected() == 0 {
 			return errRefused{&feed.CursorSupersededError{ID: m.ID}}
-		}
-		if !m.Parked.Replace && len(unpark) == 0 && len(parkKeys) == 0 {
-			return nil
 		}
 		_, err = tx.Exec(ctx, s.sql.casParks, string(m.ID.Feed), string(m.ID.Sink),
 			m.Parked.Replace, unpark, parkKeys, parkSeqs, parkReasons, parkTimes)
