@@ -208,6 +208,18 @@ type session struct {
 	fresh    bool              // cursor and parked were read since the last fault
 	cursor   feed.Cursor
 	parked   map[feed.Key]feed.Seq
+	ahead    *readAhead // the next batch, read while the cursor moved; nil when none
+}
+
+// readAhead is a batch read after seq after while the previous batch's cursor
+// move was in flight: the read does not depend on the move, so a full batch's
+// successor is fetched beside it rather than after it. It is used only if the
+// cursor did land at after; the sink still gets it only after the move.
+type readAhead struct {
+	after feed.Seq
+	done  chan struct{}
+	batch feed.Batch
+	err   error
 }
 
 // session works under one lease until the lease is gone or ctx ends. It
@@ -215,6 +227,7 @@ type session struct {
 func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool) {
 	s := &session{w: w, lease: lease}
 	defer func() {
+		s.dropAhead()
 		if s.sub != nil {
 			s.sub.Close()
 		}
@@ -288,7 +301,7 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 	if s.cursor.IsZero() {
 		return false, s.resync(ctx)
 	}
-	batch, err := w.reader.ReadBatch(ctx, w.id.Feed, s.cursor.Seq, w.opts.BatchSize)
+	batch, err := s.read(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -303,6 +316,35 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 		return true, nil
 	}
 	return false, s.send(ctx, batch)
+}
+
+// read returns the batch after the cursor: the one read ahead when it was
+// read after the cursor as it stands, a fresh read otherwise.
+func (s *session) read(ctx context.Context) (feed.Batch, error) {
+	if p := s.dropAhead(); p != nil && p.err == nil && p.after == s.cursor.Seq {
+		return p.batch, nil
+	}
+	return s.w.reader.ReadBatch(ctx, s.w.id.Feed, s.cursor.Seq, s.w.opts.BatchSize)
+}
+
+// startAhead reads the batch after seq after in the background.
+func (s *session) startAhead(ctx context.Context, after feed.Seq) {
+	p := &readAhead{after: after, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.batch, p.err = s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.w.opts.BatchSize)
+	}()
+	s.ahead = p
+}
+
+// dropAhead waits for the read ahead, if any, and hands it over.
+func (s *session) dropAhead() *readAhead {
+	p := s.ahead
+	if p != nil {
+		s.ahead = nil
+		<-p.done
+	}
+	return p
 }
 
 // send applies one incremental batch and moves the cursor past it, parking
@@ -335,6 +377,9 @@ func (s *session) send(ctx context.Context, batch feed.Batch) error {
 		}
 	}
 	next := feed.Cursor{Generation: batch.Generation, Seq: batch.Records[len(batch.Records)-1].Seq}
+	if len(batch.Records) == w.opts.BatchSize {
+		s.startAhead(ctx, next.Seq) // a full batch: more is likely waiting
+	}
 	if err := s.move(ctx, next, change); err != nil {
 		return err
 	}
