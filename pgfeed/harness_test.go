@@ -64,24 +64,6 @@ func newStore(t testing.TB, d db, opts pgfeed.Options) *pgfeed.Store {
 	return s
 }
 
-// harness adapts a store to feedtest's StoreHarness.
-func harness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
-	return feedtest.StoreHarness{
-		Store:  s,
-		Reader: s,
-		Write:  s.WriteCommitted,
-		Rebuild: func(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
-			var g feed.Generation
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				g, err = s.ResetTx(ctx, tx, f)
-				return err
-			})
-			return g, err
-		},
-	}
-}
-
 // suiteStores returns a feedtest.NewStore over one schema shared by every
 // subtest (each uses feed names of its own).
 func suiteStores(t *testing.T, url string, mode pgx.QueryExecMode, base pgfeed.Options) feedtest.NewStore {
@@ -89,7 +71,7 @@ func suiteStores(t *testing.T, url string, mode pgx.QueryExecMode, base pgfeed.O
 	return func(st *testing.T, opts feedtest.StoreOptions) feedtest.StoreHarness {
 		o := base
 		o.Lease, o.Clock = opts.Lease, opts.Clock
-		h := harness(newStore(st, d, o), d.pool)
+		h := pgtest.Harness(newStore(st, d, o), d.pool)
 		h.Store = armedStore{h.Store, opts.Clock}
 		return h
 	}

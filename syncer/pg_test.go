@@ -24,7 +24,7 @@ var pgBackend = backend{
 	name: "pgfeed",
 	new: func(t *testing.T) feedtest.StoreHarness {
 		s, pool, _ := newPG(t, pgfeed.Options{})
-		return pgHarness(s, pool)
+		return pgtest.Harness(s, pool)
 	},
 }
 
@@ -35,7 +35,7 @@ var pgAdvisoryBackend = backend{
 	new: func(t *testing.T) feedtest.StoreHarness {
 		leases := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 		s, pool, _ := newPG(t, pgfeed.Options{AdvisoryLock: leases})
-		return pgHarness(s, pool)
+		return pgtest.Harness(s, pool)
 	},
 }
 
@@ -60,47 +60,13 @@ func newPG(t testing.TB, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool, str
 	return s, pool, schema
 }
 
-func pgHarness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
-	return feedtest.StoreHarness{
-		Store:  s,
-		Reader: s,
-		Write:  s.WriteCommitted,
-		Rebuild: func(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
-			var g feed.Generation
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				g, err = s.ResetTx(ctx, tx, f)
-				return err
-			})
-			return g, err
-		},
-	}
-}
-
 // namedPool opens a pool whose sessions carry application_name app, so a test
 // can terminate its own backends and nobody else's.
 func namedPool(t testing.TB, app string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	cfg.MaxConns = 8
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		pgtest.Unavailable(t, "the test database", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.PoolWith(t, pgtest.URL(), func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
+	})
 }
 
 // TestTerminatedBackends kills every database session of the worker's store
@@ -132,7 +98,7 @@ func TestTerminatedBackends(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(store.Close)
-			e := &env{t: t, ctx: ctx, b: backend{name: "pgfeed"}, h: pgHarness(store, pool), feed: "terminated"}
+			e := &env{t: t, ctx: ctx, b: backend{name: "pgfeed"}, h: pgtest.Harness(store, pool), feed: "terminated"}
 			w := newWorld(e, "s")
 			w.checkLease = false // a killed advisory session leaves its holder recorded until the next take
 			o := testOptions(t, e)

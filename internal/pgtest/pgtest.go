@@ -43,12 +43,19 @@ func Unavailable(t testing.TB, what string, err error) {
 // Pool opens a pool on url with the given exec mode, closed at cleanup.
 func Pool(t testing.TB, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
+	return PoolWith(t, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
+}
+
+// PoolWith opens a pool on url, configured by configure, closed at cleanup. A
+// database that cannot be reached is Unavailable.
+func PoolWith(t testing.TB, url string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("parsing the test database URL: %v", err)
 	}
-	cfg.ConnConfig.DefaultQueryExecMode = mode
 	cfg.MaxConns = 8
+	configure(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -1,0 +1,31 @@
+package pgtest
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/feed/feedtest"
+	"github.com/kairos-es/kairos/pgfeed"
+)
+
+// Harness adapts a pgfeed store over pool to feedtest's StoreHarness: writes
+// commit at once, and a rebuild is ResetTx in a transaction of its own.
+func Harness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
+	return feedtest.StoreHarness{
+		Store:  s,
+		Reader: s,
+		Write:  s.WriteCommitted,
+		Rebuild: func(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
+			var g feed.Generation
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				g, err = s.ResetTx(ctx, tx, f)
+				return err
+			})
+			return g, err
+		},
+	}
+}
