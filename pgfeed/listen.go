@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgschema"
 )
 
 // listener is the store's one LISTEN session, shared by every subscription.
@@ -102,7 +103,7 @@ func (l *listener) session(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+quoteIdent(l.s.names.channel), pgx.QueryExecModeSimpleProtocol); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgschema.Quote(l.s.names.channel), pgx.QueryExecModeSimpleProtocol); err != nil {
 		return err
 	}
 	// Behind a transaction pooler the LISTEN went to a server session the

@@ -73,9 +73,6 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// validIdent is pgschema's identifier rule (its one home).
-func validIdent(field, s string, max int) error { return pgschema.ValidIdent(field, s, max) }
-
 // names are the validated, quoted, schema-qualified table names, built once.
 type names struct {
 	schema, prefix string
@@ -88,24 +85,15 @@ type names struct {
 	channel string
 }
 
-func quoteIdent(s string) string { return pgschema.Quote(s) }
 
 // resolveNames validates schema and prefix (empty means default) and builds
 // the names.
 func resolveNames(schema, prefix string) (names, error) {
-	if schema == "" {
-		schema = DefaultSchema
-	}
-	if prefix == "" {
-		prefix = DefaultTablePrefix
-	}
-	if err := validIdent("schema", schema, pgschema.MaxIdentLen); err != nil {
+	n, err := pgschema.ResolveNames(schema, prefix, DefaultSchema, DefaultTablePrefix, longestTable)
+	if err != nil {
 		return names{}, err
 	}
-	if err := validIdent("table_prefix", prefix, pgschema.MaxIdentLen-len(longestTable)); err != nil {
-		return names{}, err
-	}
-	t := func(table string) string { return quoteIdent(schema) + "." + quoteIdent(prefix+table) }
+	schema, prefix, t := n.Schema, n.Prefix, n.Table
 	return names{
 		schema:      schema,
 		prefix:      prefix,

@@ -35,9 +35,6 @@ type Options struct {
 	TablePrefix string
 }
 
-// validIdent is pgschema's identifier rule, shared with pgfeed.
-func validIdent(field, s string, max int) error { return pgschema.ValidIdent(field, s, max) }
-
 // names are the validated, quoted, schema-qualified table names, built once.
 type names struct {
 	schema, prefix string
@@ -47,23 +44,12 @@ type names struct {
 	events         string
 }
 
-func quoteIdent(s string) string { return `"` + s + `"` } // s is a validated identifier
-
 func resolveNames(o Options) (names, error) {
-	schema, prefix := o.Schema, o.TablePrefix
-	if schema == "" {
-		schema = DefaultSchema
-	}
-	if prefix == "" {
-		prefix = DefaultTablePrefix
-	}
-	if err := validIdent("schema", schema, pgschema.MaxIdentLen); err != nil {
+	n, err := pgschema.ResolveNames(o.Schema, o.TablePrefix, DefaultSchema, DefaultTablePrefix, longestTable)
+	if err != nil {
 		return names{}, err
 	}
-	if err := validIdent("table_prefix", prefix, pgschema.MaxIdentLen-len(longestTable)); err != nil {
-		return names{}, err
-	}
-	t := func(table string) string { return quoteIdent(schema) + "." + quoteIdent(prefix+table) }
+	schema, prefix, t := n.Schema, n.Prefix, n.Table
 	return names{
 		schema:      schema,
 		prefix:      prefix,

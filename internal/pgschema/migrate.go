@@ -39,7 +39,7 @@ type Migrations struct {
 }
 
 // Table is the quoted, schema-qualified name of the package's table t.
-func (m Migrations) Table(t string) string { return Quote(m.Schema) + "." + Quote(m.Prefix+t) }
+func (m Migrations) Table(t string) string { return Names{Schema: m.Schema, Prefix: m.Prefix}.Table(t) }
 
 // versions is the table recording which versions are applied.
 func (m Migrations) versions() string { return m.Table("migrations") }

@@ -60,3 +60,30 @@ func LockSchema(ctx context.Context, tx pgx.Tx, schema string) error {
 	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, LockKey("kairos/schema", schema))
 	return err
 }
+
+// Names are a package's validated schema and table prefix.
+type Names struct {
+	Schema, Prefix string
+}
+
+// ResolveNames applies the defaults to an empty schema or prefix and validates
+// both: the prefix must leave room for the package's longest table name within
+// PostgreSQL's identifier limit. Errors name "schema" or "table_prefix".
+func ResolveNames(schema, prefix, defaultSchema, defaultPrefix, longestTable string) (Names, error) {
+	if schema == "" {
+		schema = defaultSchema
+	}
+	if prefix == "" {
+		prefix = defaultPrefix
+	}
+	if err := ValidIdent("schema", schema, MaxIdentLen); err != nil {
+		return Names{}, err
+	}
+	if err := ValidIdent("table_prefix", prefix, MaxIdentLen-len(longestTable)); err != nil {
+		return Names{}, err
+	}
+	return Names{Schema: schema, Prefix: prefix}, nil
+}
+
+// Table is the quoted, schema-qualified name of table t under these names.
+func (n Names) Table(t string) string { return Quote(n.Schema) + "." + Quote(n.Prefix+t) }
