@@ -85,7 +85,6 @@ type names struct {
 	channel string
 }
 
-
 // resolveNames validates schema and prefix (empty means default) and builds
 // the names.
 func resolveNames(schema, prefix string) (names, error) {
