@@ -50,6 +50,11 @@ func (c Cursor) validate(field string) error {
 
 // Record is one row of a feed as a reader hands it out: the latest version of
 // its key at seq. A nil Doc is a tombstone: the key was deleted.
+//
+// A reader may cut the documents of one batch out of shared buffers, to read
+// a batch with a few allocations rather than one per row: Doc is read-only,
+// stays valid for as long as it is kept, and a sink that keeps a few documents
+// of a large batch for long should copy them, or it keeps their buffers too.
 type Record struct {
 	Key Key
 	Seq Seq

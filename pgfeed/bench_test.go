@@ -2,6 +2,7 @@ package pgfeed_test
 
 import (
 	"fmt"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +42,8 @@ func BenchmarkReadBatch(b *testing.B) {
 		b.Fatal(err)
 	}
 	rows := 0
+	var ru0 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	b.ResetTimer()
 	for b.Loop() {
 		var after feed.Seq
@@ -57,6 +60,9 @@ func BenchmarkReadBatch(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	b.ReportMetric(float64(ru1.Utime.Nano()+ru1.Stime.Nano()-ru0.Utime.Nano()-ru0.Stime.Nano())/float64(rows), "cpu-ns/row")
 }
 
 func setupB(b *testing.B) db {

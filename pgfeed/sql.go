@@ -28,13 +28,15 @@ type statements struct {
 	// head and generation read the generations row; no row means head 0 and
 	// generation 1.
 	head, generation string
-	// readBatch reads up to $3 rows after seq $2 with the generation and the
-	// head beside each, in one statement, so in one snapshot. The two come
-	// from scalar subqueries (run once) so that the only ordering is the
-	// (feed, seq) index's: joining them in and sorting again would sort the
-	// batch's documents a second time. When no row comes back, meta reads the
-	// two alone: with no record to agree with, a later snapshot is as good.
-	readBatch, meta string
+	// readBatch reads up to $3 rows after seq $2 and, beside them, the
+	// feed's generation and head, in one statement and so one snapshot. The
+	// two come as one extra row, told apart by its NULL key, that carries the
+	// generation in the seq column and the head, as a JSON number, in the
+	// document column. The batch's own rows are then exactly what a plain
+	// keyset scan sends, with no per-row copy of the two and no join to sort
+	// again, and a batch that finds nothing still learns the generation and
+	// the head from the same statement.
+	readBatch string
 
 	// lockSinkXact tries the sink's advisory lock for the transaction: a live
 	// advisory lease holds it for its session, so getting it proves no live
@@ -126,11 +128,10 @@ RETURNING g.generation`,
 
 		head:       `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
 		generation: `SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text`,
-		readBatch: `SELECT (SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text),
-	(SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text),
-	key, seq, doc
-FROM ` + r + ` WHERE feed = $1::text AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint`,
-		meta: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
+		readBatch: `SELECT NULL::text, m.generation, to_jsonb(m.head)
+FROM (SELECT coalesce(max(generation), 1) AS generation, coalesce(max(head), 0) AS head FROM ` + g + ` WHERE feed = $1::text) AS m
+UNION ALL
+(SELECT key, seq, doc FROM ` + r + ` WHERE feed = $1::text AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint)`,
 
 		lockSinkXact: `SELECT pg_try_advisory_xact_lock($1::bigint)`,
 		takeRow: `INSERT INTO ` + c + ` AS c (feed, sink, lease_holder, lease_expires_at)

@@ -2,11 +2,14 @@ package pgfeed
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
@@ -150,6 +153,36 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 	return feed.WriteResult{Generation: feed.Generation(gen), First: feed.Seq(head - n + 1), Last: feed.Seq(head)}, nil
 }
 
+// span is one row of a batch being read: its key starts at key in the
+// batch's key buffer and ends where the next row's starts; doc is its
+// document, cut out of a document buffer, nil for a tombstone.
+type span struct {
+	seq int64
+	key int
+	doc []byte
+}
+
+// Document buffers of a batch read start at minDocBuffer bytes and double up
+// to maxDocBuffer: a batch of a few rows costs little, a full one a few
+// allocations.
+const (
+	minDocBuffer = 4 << 10
+	maxDocBuffer = 128 << 10
+)
+
+// records makes the batch's records, their keys cut out of the one string
+// that holds them all.
+func records(spans []span, keys string) []feed.Record {
+	out := make([]feed.Record, len(spans))
+	end := len(keys)
+	for i := len(spans) - 1; i >= 0; i-- {
+		sp := spans[i]
+		out[i] = feed.Record{Key: feed.Key(keys[sp.key:end]), Seq: feed.Seq(sp.seq), Doc: sp.doc}
+		end = sp.key
+	}
+	return out
+}
+
 // WriteCommitted writes changes to f in a transaction of its own.
 func (s *Store) WriteCommitted(ctx context.Context, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
 	var res feed.WriteResult
@@ -227,28 +260,67 @@ func (s *Store) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, 
 		return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
 	}
 	defer rows.Close()
-	var b feed.Batch
+	// A catch-up reads a million rows in a few seconds, so the read costs as
+	// few allocations as it can: the scan targets live outside the loop (Scan
+	// takes them as interfaces, so per-row targets would each escape), pgx
+	// hands over its own buffer for the key and the document (DriverBytes,
+	// valid until the next row), and the documents are copied into a few
+	// shared buffers, the keys into one string, which the records then slice.
+	// That makes a batch a handful of allocations instead of two per row, at
+	// the price feed.Record's doc states: a document kept keeps its buffer.
+	var (
+		seq      int64
+		key, doc pgtype.DriverBytes
+		keys     []byte
+		docs     []byte
+		spans    []span
+		b        feed.Batch
+		meta     bool
+	)
+	targets := []any{&key, &seq, &doc}
+	bad := func(format string, args ...any) error {
+		return feed.Unreadable("reading feed "+string(f), fmt.Errorf(format, args...))
+	}
 	for rows.Next() {
-		var (
-			gen, head, seq int64
-			key            string
-			doc            []byte
-		)
-		if err := rows.Scan(&gen, &head, &key, &seq, &doc); err != nil {
+		if err := rows.Scan(targets...); err != nil {
 			return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
 		}
-		b.Generation, b.Head = feed.Generation(gen), feed.Seq(head)
-		b.Records = append(b.Records, feed.Record{Key: feed.Key(key), Seq: feed.Seq(seq), Doc: doc})
+		if key == nil { // the generation and head row; see statements.readBatch
+			head, err := strconv.ParseInt(string(doc), 10, 64)
+			if meta || err != nil {
+				return feed.Batch{}, bad("the batch read returned a second or malformed head row (head %q)", doc)
+			}
+			meta, b.Generation, b.Head = true, feed.Generation(seq), feed.Seq(head)
+			continue
+		}
+		if n := len(spans); (n > 0 && seq <= spans[n-1].seq) || seq <= int64(after) {
+			return feed.Batch{}, bad("the batch read returned seq %d out of order", seq)
+		}
+		sp := span{seq: seq, key: len(keys)}
+		keys = append(keys, key...)
+		if doc != nil {
+			if len(doc) > cap(docs)-len(docs) {
+				// A new buffer, not a grown one: the documents already cut
+				// out of the old buffer stay where they are, and nothing is
+				// copied twice. Buffers double up to maxDocBuffer, so a batch
+				// of a few small rows stays small.
+				next := min(max(2*cap(docs), minDocBuffer), maxDocBuffer)
+				docs = make([]byte, 0, max(next, len(doc)))
+			}
+			at := len(docs)
+			docs = append(docs, doc...)
+			sp.doc = docs[at:len(docs):len(docs)]
+		}
+		spans = append(spans, sp)
 	}
 	if err := rows.Err(); err != nil {
 		return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
 	}
-	if len(b.Records) == 0 {
-		var gen, head int64
-		if err := s.db.QueryRow(ctx, s.sql.meta, string(f)).Scan(&gen, &head); err != nil {
-			return feed.Batch{}, feed.Unreadable("reading feed "+string(f), err)
-		}
-		b.Generation, b.Head = feed.Generation(gen), feed.Seq(head)
+	if !meta {
+		return feed.Batch{}, bad("the batch read returned no head row")
+	}
+	if len(spans) > 0 {
+		b.Records = records(spans, string(keys))
 	}
 	return b, nil
 }
