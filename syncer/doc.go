@@ -52,6 +52,11 @@
 //     (feed.LeaseOptions has the arithmetic).
 //   - A shutdown gives the lease up only after the last sink call returned, so
 //     a rival never sends beside a call of a stopping worker.
+//   - At least once: the cursor may stand behind what the sink took (the call
+//     in flight, and the batches whose move Options.MoveInterval put off), and
+//     whoever holds the lease next sends those again. It reads them from the
+//     feed, which keeps only each key's latest version, so a resend never
+//     takes a key back.
 //
 // # How it fails
 //

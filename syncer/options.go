@@ -25,6 +25,12 @@ const (
 	// before it tries again (jittered). A standby worker costs one short
 	// statement per retry.
 	DefaultLeaseRetry = 5 * time.Second
+	// DefaultMoveInterval is the longest a catching-up worker puts off moving
+	// the cursor. At a few hundred batches a second, moving after each one
+	// costs the database a durable commit per batch; a tenth of a second
+	// between moves takes that to ten, and a lost lease then costs at most
+	// that much resending.
+	DefaultMoveInterval = 100 * time.Millisecond
 	// DefaultAdvisorySinkTimeout bounds each sink call under a lease with no
 	// margin to fit the call into (an advisory lock).
 	DefaultAdvisorySinkTimeout = 30 * time.Second
@@ -62,6 +68,20 @@ type Options struct {
 	// DefaultAdvisorySinkTimeout. The bound comes from the lease itself, so it
 	// always matches how the store was configured.
 	SinkTimeout time.Duration
+	// MoveInterval is how long a worker that is catching up may put off
+	// moving the cursor. While each batch comes back full (more follows at
+	// once) and brings nothing to park or unpark, the worker moves the cursor
+	// past it only when MoveInterval has passed since its last move; the
+	// batch that ends a catch-up, a batch with park changes, a resync's
+	// publish, a fault and the end of the lease all move it at once, past
+	// every batch the sink took. The sink gets the same calls either way;
+	// what changes is the cost to the store and what a lost lease costs: the
+	// next holder sends again the batches whose move had not landed, as it
+	// already does the one call in flight, and the sink's idempotence absorbs
+	// them. Describe and tombstone collection see the cursor that landed. A
+	// negative MoveInterval moves after every batch. Defaults to
+	// DefaultMoveInterval.
+	MoveInterval time.Duration
 	// Clock is the time the worker's waits (poll, backoff, lease retry) run on
 	// and its State is stamped with. A sink call's deadline is a context
 	// deadline, on the real clock, since that is what a sink's client honours.
@@ -105,6 +125,9 @@ func (o Options) resolve() (Options, error) {
 		o.BackoffMax = max(DefaultBackoffMax, o.BackoffMin)
 	case o.BackoffMax < o.BackoffMin:
 		return o, feed.Invalid(p+"backoff_max", "(%v) must be at least backoff_min (%v)", o.BackoffMax, o.BackoffMin)
+	}
+	if o.MoveInterval == 0 {
+		o.MoveInterval = DefaultMoveInterval // negative stays: a move after every batch
 	}
 	if o.SinkTimeout < 0 {
 		return o, feed.Invalid(p+"sink_timeout", "is %v; durations must be positive", o.SinkTimeout)

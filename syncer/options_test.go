@@ -75,6 +75,8 @@ func TestOptionsAccepted(t *testing.T) {
 		{"a long sink timeout (bounded by each lease's margin at run time)", syncer.Options{SinkTimeout: time.Minute}},
 		{"backoff min above the default max", syncer.Options{BackoffMin: time.Minute}},
 		{"largest batch", syncer.Options{BatchSize: feed.MaxBatchLimit}},
+		{"a move after every batch", syncer.Options{MoveInterval: -1}},
+		{"moves put off for a minute", syncer.Options{MoveInterval: time.Minute}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := syncer.NewWorker(store, store, id, nopSink{}, tc.opts); err != nil {

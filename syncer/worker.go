@@ -206,15 +206,28 @@ type session struct {
 	sub      feed.Subscription // nil while subscribing fails
 	subRetry time.Time         // when to try subscribing again
 	fresh    bool              // cursor and parked were read since the last fault
-	cursor   feed.Cursor
-	parked   map[feed.Key]feed.Seq
-	ahead    *readAhead // the next batch, read while the cursor moved; nil when none
+	cursor   feed.Cursor       // as the store has it: read, or last moved by this session
+	// applied is where the sink stands while it is ahead of the cursor: the
+	// end of the last batch it applied whose move is put off (see
+	// Options.MoveInterval). Zero when the cursor is where the sink stands.
+	applied feed.Cursor
+	movedAt time.Time // when this session's last move landed, on the worker's clock
+	parked  map[feed.Key]feed.Seq
+	ahead   *readAhead // the batch after the one being sent, read meanwhile; nil when none
 }
 
-// readAhead is a batch read after seq after while the previous batch's cursor
-// move was in flight: the read does not depend on the move, so a full batch's
-// successor is fetched beside it rather than after it. It is used only if the
-// cursor did land at after; the sink still gets it only after the move.
+// readAhead is the batch after seq after, read while the worker sends the
+// batch that ends at after and moves the cursor past it. Where the next read
+// starts depends only on the last seq of the batch before, not on the sink's
+// answer nor on the move, so the worker reads the feed back to back while the
+// sink and the cursor take their time: a catch-up runs at the pace of the
+// slower of the two rather than of their sum. It costs one batch more in
+// memory. A read ahead is used only by a read after the same seq, and the sink
+// still gets it only after the batch before it was applied and its move landed;
+// any other read, after a fault or a lease change, throws it away. Each read
+// ahead starts after the read before it returned, so the batches of one stream
+// are still read in snapshots that follow one another, as the resync argument
+// in the package doc requires.
 type readAhead struct {
 	after feed.Seq
 	done  chan struct{}
@@ -228,6 +241,14 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 	s := &session{w: w, lease: lease}
 	defer func() {
 		s.dropAhead()
+		// A move put off lands before the lease goes, even on shutdown, so
+		// the next holder does not send those batches again. Refused (the
+		// lease is gone) or failed, it only costs that resend.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		if err := s.flush(fctx); err != nil {
+			w.log.Debug("the cursor move put off did not land; those batches will be sent again", "error", err)
+		}
+		cancel()
 		if s.sub != nil {
 			s.sub.Close()
 		}
@@ -252,6 +273,12 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 			w.log.Info("feed lease gone; the worker stops sending and takes it again", "holder", string(lease.Holder()), "error", err)
 			return
 		default:
+			// Land what the sink already took before backing off, so that
+			// the retry starts after it; a store at fault refuses this too,
+			// and the batches are then sent again.
+			if ferr := s.flush(ctx); ferr != nil {
+				w.log.Debug("the cursor move put off did not land; those batches will be sent again", "error", ferr)
+			}
 			s.fresh = false
 			failures++
 			w.fault(ctx, err)
@@ -290,7 +317,7 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		s.cursor = cursor
+		s.cursor, s.applied = cursor, feed.Cursor{}
 		s.parked = make(map[feed.Key]feed.Seq, len(parked))
 		for _, p := range parked {
 			s.parked[p.Key] = p.Seq
@@ -301,30 +328,44 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 	if s.cursor.IsZero() {
 		return false, s.resync(ctx)
 	}
-	batch, err := s.read(ctx)
+	batch, err := s.read(ctx, s.position().Seq)
 	if err != nil {
 		return false, err
 	}
 	switch {
 	case batch.Generation > s.cursor.Generation:
+		s.applied = feed.Cursor{} // the resync's move replaces everything
 		return false, s.resync(ctx)
 	case batch.Generation < s.cursor.Generation:
 		return false, fmt.Errorf("the sink's cursor %v is of a generation the feed (at generation %d) has not reached", s.cursor, batch.Generation)
 	}
 	if len(batch.Records) == 0 {
+		if err := s.flush(ctx); err != nil {
+			return false, err
+		}
 		w.update(func(st *State) { st.Head = batch.Head; st.Lag = 0; st.Phase = PhaseIdle })
 		return true, nil
 	}
+	s.readOn(ctx, batch)
 	return false, s.send(ctx, batch)
 }
 
-// read returns the batch after the cursor: the one read ahead when it was
-// read after the cursor as it stands, a fresh read otherwise.
-func (s *session) read(ctx context.Context) (feed.Batch, error) {
-	if p := s.dropAhead(); p != nil && p.err == nil && p.after == s.cursor.Seq {
+// read returns the batch after seq after: the one read ahead when it was read
+// after that seq, a fresh read otherwise.
+func (s *session) read(ctx context.Context, after feed.Seq) (feed.Batch, error) {
+	if p := s.dropAhead(); p != nil && p.err == nil && p.after == after {
 		return p.batch, nil
 	}
-	return s.w.reader.ReadBatch(ctx, s.w.id.Feed, s.cursor.Seq, s.w.opts.BatchSize)
+	return s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.w.opts.BatchSize)
+}
+
+// readOn starts reading the batch after b while b is sent, when b is full: a
+// full batch says more is likely waiting, a short one that the feed is caught
+// up, and then the next read waits for a wake-up instead.
+func (s *session) readOn(ctx context.Context, b feed.Batch) {
+	if n := len(b.Records); n == s.w.opts.BatchSize {
+		s.startAhead(ctx, b.Records[n-1].Seq)
+	}
 }
 
 // startAhead reads the batch after seq after in the background.
@@ -377,8 +418,17 @@ func (s *session) send(ctx context.Context, batch feed.Batch) error {
 		}
 	}
 	next := feed.Cursor{Generation: batch.Generation, Seq: batch.Records[len(batch.Records)-1].Seq}
-	if len(batch.Records) == w.opts.BatchSize {
-		s.startAhead(ctx, next.Seq) // a full batch: more is likely waiting
+	full := len(batch.Records) == w.opts.BatchSize
+	lag := int64(0)
+	if full {
+		lag = int64(batch.Head - next.Seq)
+	}
+	if full && len(change.Park) == 0 && len(change.Unpark) == 0 && w.opts.MoveInterval > 0 && w.opts.Clock.Now().Sub(s.movedAt) < w.opts.MoveInterval {
+		// Catching up, with nothing to park or unpark, and the cursor moved
+		// a moment ago: put this move off (Options.MoveInterval).
+		s.applied = next
+		w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag })
+		return nil
 	}
 	if err := s.move(ctx, next, change); err != nil {
 		return err
@@ -389,15 +439,29 @@ func (s *session) send(ctx context.Context, batch feed.Batch) error {
 	for _, p := range change.Park {
 		s.parked[p.Key] = p.Seq
 	}
-	lag := int64(0)
-	if len(batch.Records) == w.opts.BatchSize {
-		lag = int64(batch.Head - next.Seq)
-	}
 	w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag; st.Parked = len(s.parked) })
 	return nil
 }
 
-// move makes the fenced cursor move and records it.
+// position is where the sink stands: past the cursor by the batches whose
+// move is put off, if any.
+func (s *session) position() feed.Cursor {
+	if !s.applied.IsZero() {
+		return s.applied
+	}
+	return s.cursor
+}
+
+// flush lands the move put off, if one is.
+func (s *session) flush(ctx context.Context) error {
+	if s.applied.IsZero() {
+		return nil
+	}
+	return s.move(ctx, s.applied, feed.ParkChange{})
+}
+
+// move makes the fenced cursor move from where the store has it to next,
+// past any batches whose move was put off, and records it.
 func (s *session) move(ctx context.Context, next feed.Cursor, change feed.ParkChange) error {
 	w := s.w
 	err := w.store.CASCursor(ctx, feed.CursorMove{
@@ -410,8 +474,9 @@ func (s *session) move(ctx context.Context, next feed.Cursor, change feed.ParkCh
 	if err != nil {
 		return err
 	}
-	s.cursor = next
+	s.cursor, s.applied = next, feed.Cursor{}
 	now := w.opts.Clock.Now()
+	s.movedAt = now
 	w.update(func(st *State) { st.Cursor = next; st.LastAdvance = now })
 	return nil
 }
@@ -472,7 +537,7 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		}
 	}()
 	for {
-		batch, err := w.reader.ReadBatch(ctx, w.id.Feed, after, w.opts.BatchSize)
+		batch, err := s.read(ctx, after)
 		if err != nil {
 			return err
 		}
@@ -501,6 +566,7 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 			return errGenerationMoved
 		}
 		if n := len(batch.Records); n > 0 {
+			s.readOn(ctx, batch)
 			if err := s.lease.EnsureHeld(ctx); err != nil {
 				return err
 			}
