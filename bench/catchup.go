@@ -61,15 +61,23 @@ func (e *env) measureP4(ctx context.Context) ([]Row, error) {
 				return 0, err
 			}
 			var n atomic.Int64
+			var last atomic.Pointer[time.Time] // when the last message arrived
 			subCtx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			start := time.Now()
-			done, err := w.consume(subCtx, func(int, time.Time) { n.Add(1) })
+			done, err := w.consume(subCtx, func(_ int, at time.Time) {
+				if n.Add(1) == int64(sz.CatchUp) {
+					last.Store(&at)
+				}
+			})
 			if err != nil {
 				return 0, err
 			}
-			err = waitFor(ctx, func() bool { return n.Load() >= int64(sz.CatchUp) })
-			elapsed := time.Since(start)
+			err = waitFor(ctx, func() bool { return last.Load() != nil })
+			var elapsed time.Duration
+			if t := last.Load(); t != nil {
+				elapsed = t.Sub(start)
+			}
 			cancel()
 			_ = w.sub.Close()
 			<-done

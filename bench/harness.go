@@ -282,9 +282,12 @@ func interleaveN(runs int, fns ...func(run int) (float64, error)) ([][]float64, 
 	return out, nil
 }
 
-// waitFor polls cond every half millisecond until it holds or ctx ends.
+// waitFor polls cond every 5 ms until it holds or ctx ends. No figure is
+// read off when the poll sees cond: each measurement stamps its own end (a
+// worker's last advance, a consumer's last arrival), so the poll can be slow
+// enough to stay out of the way of what it waits for.
 func waitFor(ctx context.Context, cond func() bool) error {
-	t := time.NewTicker(500 * time.Microsecond)
+	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for !cond() {
 		select {

@@ -13,8 +13,9 @@ import (
 )
 
 // catchUp runs one worker of id into a no-op sink until its cursor reaches
-// seq want, and returns the rows per second from Run's start: lease take,
-// cursor read and every batch included. The sink's cursor must already be
+// seq want, and returns the rows per second from Run's start to the landing
+// of the move that reached want: lease take, cursor read and every batch
+// included. The sink's cursor must already be
 // placed (incremental) or absent (resync).
 func catchUp(ctx context.Context, st *pgfeed.Store, id feed.SinkID, want int, resync bool) (float64, error) {
 	return catchUpRS(ctx, st, st, id, want, resync)
@@ -38,7 +39,9 @@ func catchUpRS(ctx context.Context, rd feed.Reader, ss feed.SyncStore, id feed.S
 		}
 		return s.Cursor.Seq >= feed.Seq(want)
 	})
-	elapsed := time.Since(start)
+	// The clock stops when the move that reached want landed, which the
+	// worker stamps as its last advance, not when the poll above saw it.
+	elapsed := w.State().LastAdvance.Sub(start)
 	cancel()
 	<-done
 	if err != nil {

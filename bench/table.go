@@ -16,10 +16,13 @@ type Row struct {
 	Unit     string // the figure's and the baseline's unit
 	Figure   stats
 	Baseline *stats // nil when the row has no baseline
-	// Ratio is computed from the medians as RatioOf says; NaN when the row
-	// has no ratio.
-	Ratio   float64
-	RatioOf string // how Ratio is formed, e.g. "figure/baseline"
+	// Ratio is formed as RatioOf says: per run, from the figure and the
+	// baseline measured side by side in that run, and then the median of the
+	// runs' ratios (RatioRuns has them all); from the two medians when the
+	// row's samples do not pair up by run. NaN when the row has no ratio.
+	Ratio     float64
+	RatioRuns *stats
+	RatioOf   string // how Ratio is formed, e.g. "figure/baseline"
 	Target  string // the target, as text; "" when none
 	// Met says whether the target is met; nil when the row has no target.
 	Met *bool
@@ -59,9 +62,11 @@ func (r Row) Finite() error {
 	return nil
 }
 
-// newRow builds a row; ratio is applied to the medians when the row has a
-// baseline and a ratio, and met judges the ratio (or the figure when the row
-// has no ratio).
+// newRow builds a row; ratio is applied run by run when the row has a
+// baseline and a ratio (see Row.Ratio), and met judges the ratio (or the
+// figure when the row has no ratio). A drift of the machine between runs
+// moves a run's figure and baseline together, so the ratio of each run
+// cancels it where a ratio of medians taken from different runs would not.
 func newRow(id, measures, unit string, fig []float64, base []float64, ratioOf string, ratio func(f, b float64) float64, target string, met func(fig, ratio float64) bool) Row {
 	r := Row{ID: id, Measures: measures, Unit: unit, Figure: summarize(fig), Ratio: math.NaN(), RatioOf: ratioOf, Target: target}
 	if base != nil {
@@ -69,7 +74,16 @@ func newRow(id, measures, unit string, fig []float64, base []float64, ratioOf st
 		r.Baseline = &b
 	}
 	if ratio != nil && r.Baseline != nil {
-		r.Ratio = ratio(r.Figure.Median, r.Baseline.Median)
+		if len(fig) == len(base) {
+			per := make([]float64, len(fig))
+			for i := range fig {
+				per[i] = ratio(fig[i], base[i])
+			}
+			rs := summarize(per)
+			r.Ratio, r.RatioRuns = rs.Median, &rs
+		} else {
+			r.Ratio = ratio(r.Figure.Median, r.Baseline.Median)
+		}
 	}
 	if met != nil {
 		m := met(r.Figure.Median, r.Ratio)
@@ -115,6 +129,9 @@ func printTable(w io.Writer, rows []Row) {
 		}
 		if r.RatioOf != "" {
 			ratio = fmt.Sprintf("%.3g× (%s)", r.Ratio, r.RatioOf)
+			if rr := r.RatioRuns; rr != nil && rr.N > 1 {
+				ratio = fmt.Sprintf("%.3g× (%.3g–%.3g; %s)", r.Ratio, rr.Min, rr.Max, r.RatioOf)
+			}
 		}
 		if r.Met != nil {
 			met = map[bool]string{true: "yes", false: "**NO**"}[*r.Met]
