@@ -2,7 +2,6 @@ package feed
 
 import (
 	"bytes"
-	"encoding/json"
 	"unicode/utf8"
 )
 
@@ -125,53 +124,6 @@ func validKey(field, s string) error {
 		return Invalid(field, "has a NUL byte at offset %d", i)
 	}
 	return nil
-}
-
-// ValidateDocument checks the document rule: a document is one valid JSON value
-// other than null (a deletion is a nil document, never JSON null, so the two
-// cannot be confused), with no \u0000 escape in any string (PostgreSQL's jsonb
-// cannot store one, and a document must read back the same from every store).
-// field names the input in the error.
-func ValidateDocument(field string, doc json.RawMessage) error {
-	if doc == nil {
-		return Invalid(field, "is nil; use a deletion (a nil document in a Change) to delete a key")
-	}
-	if !json.Valid(doc) {
-		return Invalid(field, "is not valid JSON")
-	}
-	if string(bytes.TrimSpace(doc)) == "null" {
-		return Invalid(field, "is JSON null; delete the key instead")
-	}
-	if at := nulEscape(doc); at >= 0 {
-		return Invalid(field, "has a \\u0000 escape at offset %d, which PostgreSQL's jsonb cannot store", at)
-	}
-	return nil
-}
-
-// nulEscape returns the offset of the first \u0000 escape inside a string of
-// the valid JSON doc, or -1. An escaped backslash followed by "u0000" is text,
-// not an escape, so the scan follows escapes rather than searching bytes.
-func nulEscape(doc []byte) int {
-	inString := false
-	for i := 0; i < len(doc); i++ {
-		c := doc[i]
-		if !inString {
-			if c == '"' {
-				inString = true
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = false
-		case '\\':
-			if i+1 < len(doc) && doc[i+1] == 'u' && i+5 < len(doc) && string(doc[i+2:i+6]) == "0000" {
-				return i
-			}
-			i++ // skip the escaped character
-		}
-	}
-	return -1
 }
 
 // CleanReason makes s acceptable as a park reason: invalid UTF-8 and NUL bytes

@@ -3,6 +3,7 @@ package feed
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -82,15 +83,17 @@ func Delete(key Key) Change { return Change{Key: key} }
 // Writers call it before they write anything: one bad change refuses the whole
 // batch. An empty batch is valid and writes nothing.
 func PrepareChanges(changes []Change) ([]Change, error) {
+	// A field name is built only for the error: this runs on every write,
+	// and formatting a name per change cost as much as checking it.
+	field := func(i int, part string) string { return "changes[" + strconv.Itoa(i) + "]." + part }
 	last := make(map[Key]int, len(changes))
 	for i, c := range changes {
-		field := fmt.Sprintf("changes[%d]", i)
-		if err := validKey(field+".key", string(c.Key)); err != nil {
-			return nil, err
+		if err := validKey("key", string(c.Key)); err != nil {
+			return nil, validKey(field(i, "key"), string(c.Key))
 		}
 		if c.Doc != nil {
-			if err := ValidateDocument(field+".doc", c.Doc); err != nil {
-				return nil, err
+			if reason, at := checkDocument(c.Doc); reason != "" {
+				return nil, documentInvalid(field(i, "doc"), reason, at)
 			}
 		}
 		last[c.Key] = i

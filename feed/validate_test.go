@@ -74,28 +74,6 @@ func TestKeysRefused(t *testing.T) {
 	}
 }
 
-func TestDocumentsRefused(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ name, doc string }{
-		{"not JSON", `{"a":`},
-		{"two values", `{} {}`},
-		{"JSON null", ` null `},
-		{"NUL escape", `{"a":"x\u0000y"}`},
-		{"NUL escape in key", `{"\u0000":1}`},
-		{"empty", ``},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			wantInvalid(t, feed.ValidateDocument("doc", json.RawMessage(tc.doc)), "doc")
-		})
-	}
-	wantInvalid(t, feed.ValidateDocument("doc", nil), "doc")
-	for _, ok := range []string{`{}`, `1`, `"s"`, `[null]`, `{"a":"\\u0000"}`, `{"a":"\u0001"}`} {
-		if err := feed.ValidateDocument("doc", json.RawMessage(ok)); err != nil {
-			t.Errorf("ValidateDocument(%s) = %v, want nil", ok, err)
-		}
-	}
-}
-
 func TestPrepareChanges(t *testing.T) {
 	t.Parallel()
 	_, err := feed.PrepareChanges([]feed.Change{feed.Put("a", json.RawMessage(`1`)), feed.Put("", json.RawMessage(`1`))})

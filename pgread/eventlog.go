@@ -186,8 +186,10 @@ func (l *EventLog) Append(ctx context.Context, tx pgx.Tx, stream string, expecte
 			}
 			return AppendResult{}, err
 		}
-		if len(e.Data) == 0 || !json.Valid(e.Data) {
-			return AppendResult{}, feed.Invalid(fmt.Sprintf("events[%d].data", i), "is not a JSON document")
+		// Event data is stored as jsonb, so it follows the feed's document
+		// rule: what jsonb would refuse is refused here, before the append.
+		if err := feed.ValidateDocument(fmt.Sprintf("events[%d].data", i), e.Data); err != nil {
+			return AppendResult{}, err
 		}
 		types[i], datas[i] = e.Type, string(e.Data)
 	}

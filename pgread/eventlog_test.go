@@ -210,6 +210,12 @@ func TestEventLogBadInput(t *testing.T) {
 		{"empty type", tx, "s", 0, []pgread.EventData{ev("", `{}`)}, "events[0].type"},
 		{"bad data", tx, "s", 0, []pgread.EventData{ev("E", `{"a":`)}, "events[0].data"},
 		{"no data", tx, "s", 0, []pgread.EventData{{Type: "E"}}, "events[0].data"},
+		// JSON that jsonb refuses is refused before the append, so the
+		// transaction is not aborted and the cases after it still run in it.
+		{"data with a lone surrogate", tx, "s", 0, []pgread.EventData{ev("E", `{}`), ev("E", `{"a":"\udc00"}`)}, "events[1].data"},
+		{"data in invalid UTF-8", tx, "s", 0, []pgread.EventData{ev("E", "\"\xff\"")}, "events[0].data"},
+		{"data out of numeric's range", tx, "s", 0, []pgread.EventData{ev("E", `[1e-16384]`)}, "events[0].data"},
+		{"data after them", tx, "s", 0, []pgread.EventData{ev("E", `{"a":`)}, "events[0].data"},
 	} {
 		_, err := e.log.Append(ctx, tc.tx, tc.stream, tc.exp, tc.events)
 		wantField(t, tc.name, err, tc.field)

@@ -62,7 +62,8 @@
 //   - Subscribe: a commit after Subscribe signals it; Close is idempotent.
 //   - FeedsIndependent: seqs, rows and generations are per feed.
 //   - BadInput: guarantee 9. Bad keys, documents (invalid JSON, JSON null, a
-//     \u0000 escape), feed names, limits and afters are refused with an
+//     \u0000 escape, a lone surrogate, invalid UTF-8, a number outside
+//     numeric's range), feed names, limits and afters are refused with an
 //     *feed.InvalidError naming the field, and a batch with one bad change
 //     writes nothing.
 //

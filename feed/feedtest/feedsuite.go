@@ -346,6 +346,9 @@ func feedBadInput(t *testing.T, e *env) {
 		"NUL escape":          `{"a":"x\u0000y"}`,
 		"two values":          `1 2`,
 		"NUL escape in a key": `{"\u0000":1}`,
+		"lone surrogate":      `{"a":"\ud800"}`,
+		"invalid UTF-8":       "{\"a\":\"\xff\"}",
+		"number out of range": `{"a":1e131072}`,
 	} {
 		_, err := e.h.Write(e.ctx, e.feed, []feed.Change{good, {Key: "bad", Doc: []byte(bad)}})
 		wantInvalid(t, "Write with "+name, err, "changes[1].doc")
