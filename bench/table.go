@@ -23,7 +23,7 @@ type Row struct {
 	Ratio     float64
 	RatioRuns *stats
 	RatioOf   string // how Ratio is formed, e.g. "figure/baseline"
-	Target  string // the target, as text; "" when none
+	Target    string // the target, as text; "" when none
 	// Met says whether the target is met; nil when the row has no target.
 	Met *bool
 	// ZeroOK marks figures that may honestly be zero (bytes of WAL while
