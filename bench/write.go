@@ -21,10 +21,14 @@ func (s *schema) rawTable(ctx context.Context, name string) (string, error) {
 }
 
 // measureP1 times one transaction writing WriteChanges changes of about 300
-// bytes through the feed, against the same rows upserted into a plain table by
-// one unnest statement. Every transaction writes keys never written before,
-// so both sides insert. Figures are milliseconds per transaction, the median
-// of WriteTxs transactions after one warm-up transaction.
+// bytes through the feed, against the same rows upserted into a table built
+// like the feed's by one unnest statement, and into an app's (key, doc) table.
+// Every transaction writes keys never written before, so every side inserts.
+// Each run opens a fresh schema per side and then takes turns transaction by
+// transaction, the order rotating, so that a drift of the machine, which on a
+// shared one comes in bursts of seconds, hits the three alike. Figures are
+// milliseconds per transaction, each side's median over the run's WriteTxs
+// transactions after one warm-up transaction each.
 func (e *env) measureP1(ctx context.Context) ([]Row, error) {
 	sz := e.sizes
 	admin, err := e.pool(ctx, 4, nil)
@@ -48,82 +52,100 @@ func (e *env) measureP1(ctx context.Context) ([]Row, error) {
 		}
 		return in
 	}
-	timeTxs := func(body func(tx pgx.Tx, in input) error) (float64, error) {
-		var per []float64
-		for i := range sz.WriteTxs + 1 { // the first is the warm-up
-			in := batch(i, sz.WriteChanges)
-			start := time.Now()
-			err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error { return body(tx, in) })
+	// side is one way of writing a transaction's rows, ready to run.
+	type side struct {
+		body func(tx pgx.Tx, in input) error
+		per  []float64
+	}
+	out := make([][]float64, 3)
+	for range sz.Runs {
+		err := func() error {
+			var schemas []*schema
+			defer func() {
+				for _, s := range schemas {
+					s.drop()
+				}
+			}()
+			fresh := func() (*schema, error) {
+				s, err := e.newSchema(ctx, admin)
+				if err == nil {
+					schemas = append(schemas, s)
+				}
+				return s, err
+			}
+			// The subject: the feed's own write.
+			fs, err := fresh()
 			if err != nil {
-				return 0, err
+				return err
 			}
-			if i > 0 {
-				per = append(per, float64(time.Since(start).Nanoseconds())/1e6)
+			st, err := fs.store(ctx, admin)
+			if err != nil {
+				return err
 			}
-		}
-		return summarize(per).Median, nil
-	}
-	subject := func(int) (float64, error) {
-		s, err := e.newSchema(ctx, admin)
-		if err != nil {
-			return 0, err
-		}
-		defer s.drop()
-		st, err := s.store(ctx, admin)
-		if err != nil {
-			return 0, err
-		}
-		defer st.Close()
-		return timeTxs(func(tx pgx.Tx, in input) error {
-			_, err := st.Write(ctx, tx, "p1", in.changes)
-			return err
-		})
-	}
-	// raw writes the same rows to a table built like the feed's rows table
-	// (same columns, keys, indexes and checks), seqs handed out by the client:
-	// the raw limit of writing exactly what the feed stores.
-	raw := func(int) (float64, error) {
-		s, err := e.newSchema(ctx, admin)
-		if err != nil {
-			return 0, err
-		}
-		defer s.drop()
-		t := s.qualify("raw_rows")
-		if _, err := admin.Exec(ctx, `CREATE TABLE `+t+` (LIKE `+s.table("rows")+` INCLUDING ALL)`); err != nil {
-			return 0, err
-		}
-		q := `INSERT INTO ` + t + ` AS r (feed, key, seq, doc)
+			defer st.Close()
+			subject := &side{body: func(tx pgx.Tx, in input) error {
+				_, err := st.Write(ctx, tx, "p1", in.changes)
+				return err
+			}}
+			// raw writes the same rows to a table built like the feed's rows
+			// table (same columns, keys, indexes and checks), seqs handed out
+			// by the client: the raw limit of writing exactly what the feed
+			// stores.
+			rs, err := fresh()
+			if err != nil {
+				return err
+			}
+			t := rs.qualify("raw_rows")
+			if _, err := admin.Exec(ctx, `CREATE TABLE `+t+` (LIKE `+rs.table("rows")+` INCLUDING ALL)`); err != nil {
+				return err
+			}
+			rawQ := `INSERT INTO ` + t + ` AS r (feed, key, seq, doc)
 SELECT 'p1', c.key, $3::bigint + c.ord, c.doc::jsonb FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS c(key, doc, ord)
 ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`
-		var next int64
-		return timeTxs(func(tx pgx.Tx, in input) error {
-			_, err := tx.Exec(ctx, q, in.keys, in.docs, next)
-			next += int64(len(in.keys))
-			return err
-		})
-	}
-	// app writes the same documents to the app's own kind of table, a key
-	// and a document: what the transaction costs without any feed at all.
-	app := func(int) (float64, error) {
-		s, err := e.newSchema(ctx, admin)
-		if err != nil {
-			return 0, err
-		}
-		defer s.drop()
-		t, err := s.rawTable(ctx, "raw")
-		if err != nil {
-			return 0, err
-		}
-		q := `INSERT INTO ` + t + ` (key, doc) SELECT c.key, c.doc::jsonb FROM unnest($1::text[], $2::text[]) AS c(key, doc)
+			var next int64
+			raw := &side{body: func(tx pgx.Tx, in input) error {
+				_, err := tx.Exec(ctx, rawQ, in.keys, in.docs, next)
+				next += int64(len(in.keys))
+				return err
+			}}
+			// app writes the same documents to the app's own kind of table, a
+			// key and a document: what the transaction costs without any feed.
+			as, err := fresh()
+			if err != nil {
+				return err
+			}
+			at, err := as.rawTable(ctx, "raw")
+			if err != nil {
+				return err
+			}
+			appQ := `INSERT INTO ` + at + ` (key, doc) SELECT c.key, c.doc::jsonb FROM unnest($1::text[], $2::text[]) AS c(key, doc)
 ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`
-		return timeTxs(func(tx pgx.Tx, in input) error {
-			_, err := tx.Exec(ctx, q, in.keys, in.docs)
-			return err
-		})
-	}
-	out, err := interleaveN(sz.Runs, subject, raw, app)
-	if err != nil {
-		return nil, err
+			app := &side{body: func(tx pgx.Tx, in input) error {
+				_, err := tx.Exec(ctx, appQ, in.keys, in.docs)
+				return err
+			}}
+			sides := []*side{subject, raw, app}
+			for i := range sz.WriteTxs + 1 { // the first round is the warm-up
+				in := batch(i, sz.WriteChanges)
+				for j := range sides {
+					sd := sides[(i+j)%len(sides)]
+					start := time.Now()
+					if err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error { return sd.body(tx, in) }); err != nil {
+						return err
+					}
+					if i > 0 {
+						sd.per = append(sd.per, float64(time.Since(start).Nanoseconds())/1e6)
+					}
+				}
+			}
+			for k, sd := range sides {
+				out[k] = append(out[k], summarize(sd.per).Median)
+			}
+			return nil
+		}()
+		if err != nil {
+			return nil, err
+		}
 	}
 	return []Row{
 		newRow("P1", fmt.Sprintf("feed write: %d changes (300-byte JSON) in the app's transaction, per transaction; baseline: the same rows upserted raw by one unnest into a table like the feed's", sz.WriteChanges),
