@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
 )
@@ -166,85 +167,7 @@ func (e *env) measureP6(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	// mode is what each transaction adds to the app's upsert.
-	run := func(mode p6Mode) (float64, error) {
-		s, err := e.newSchema(ctx, admin)
-		if err != nil {
-			return 0, err
-		}
-		defer s.drop()
-		t, err := s.rawTable(ctx, "app")
-		if err != nil {
-			return 0, err
-		}
-		st, err := s.store(ctx, admin)
-		if err != nil {
-			return 0, err
-		}
-		defer st.Close()
-		q := `INSERT INTO ` + t + ` (key, doc) VALUES ($1::text, $2::text::jsonb) ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`
-		var commits atomic.Int64
-		var firstErr error
-		var once sync.Once
-		writeFor := func(d time.Duration, count bool) {
-			var wg sync.WaitGroup
-			stop := time.Now().Add(d)
-			for w := range sz.Writers {
-				wg.Go(func() {
-					for i := 0; time.Now().Before(stop); i++ {
-						key := fmt.Sprintf("w%02d-%08d", w, i)
-						doc := doc300(i)
-						err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
-							if _, err := tx.Exec(ctx, q, key, string(doc)); err != nil {
-								return err
-							}
-							switch mode {
-							case p6Feed:
-								_, err := st.Write(ctx, tx, "p6", []feed.Change{feed.Put(feed.Key(key), doc)})
-								return err
-							case p6Notify:
-								_, err := tx.Exec(ctx, `SELECT pg_notify('kairos_bench_p6', $1::text)`, key)
-								return err
-							}
-							return nil
-						})
-						if err != nil {
-							once.Do(func() { firstErr = err })
-							return
-						}
-						if count {
-							commits.Add(1)
-						}
-					}
-				})
-			}
-			wg.Wait()
-		}
-		writeFor(sz.WritersFor/5, false) // warm-up: connections, plans, the feed's first row
-		var waits chan map[string]float64
-		stopWaits := make(chan struct{})
-		if e.stmts != nil {
-			waits = make(chan map[string]float64, 1)
-			go func() {
-				w, err := sampleWaits(ctx, e, stopWaits)
-				if err != nil {
-					e.logf("sampling waits: %v", err)
-				}
-				waits <- w
-			}()
-		}
-		start := time.Now()
-		writeFor(sz.WritersFor, true)
-		elapsed := time.Since(start)
-		close(stopWaits)
-		if waits != nil {
-			reportWaits(e.log, "P6 "+mode.String(), <-waits)
-		}
-		if firstErr != nil {
-			return 0, firstErr
-		}
-		return float64(commits.Load()) / elapsed.Seconds(), nil
-	}
+	run := func(mode p6Mode) (float64, error) { return e.commitRate(ctx, admin, mode) }
 	out, err := interleaveN(sz.Runs,
 		func(int) (float64, error) { return run(p6Feed) },
 		func(int) (float64, error) { return run(p6Plain) },
@@ -267,8 +190,104 @@ const (
 	p6Plain  p6Mode = iota // nothing: the baseline
 	p6Feed                 // one change written to the feed
 	p6Notify               // a pg_notify only, as the feed write sends
+	// The modes of group X, each a feed write built another way, to measure
+	// what P6 would gain from it (see experiment.go).
+	p6AtCommit        // the row, then the feed lock and the notify at commit
+	p6Unordered       // the row at a seq from a sequence, then a notify: no feed lock
+	p6UnorderedSilent // the row at a seq from a sequence, no notify
 )
 
 func (m p6Mode) String() string {
-	return [...]string{"without the feed", "with the feed write", "with a pg_notify only"}[m]
+	return [...]string{"without the feed", "with the feed write", "with a pg_notify only",
+		"feed lock and notify at commit", "no feed lock, a notify", "no feed lock, no notify"}[m]
+}
+
+// commitRate runs Writers concurrent writers for WritersFor, each committing
+// transactions of one upsert into the app's table plus what mode adds, on a
+// fresh schema, and returns commits per second.
+func (e *env) commitRate(ctx context.Context, admin *pgxpool.Pool, mode p6Mode) (float64, error) {
+	sz := e.sizes
+	s, err := e.newSchema(ctx, admin)
+	if err != nil {
+		return 0, err
+	}
+	defer s.drop()
+	t, err := s.rawTable(ctx, "app")
+	if err != nil {
+		return 0, err
+	}
+	st, err := s.store(ctx, admin)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	row, err := s.experimentalWrite(ctx, mode)
+	if err != nil {
+		return 0, err
+	}
+	q := `INSERT INTO ` + t + ` (key, doc) VALUES ($1::text, $2::text::jsonb) ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`
+	var commits atomic.Int64
+	var firstErr error
+	var once sync.Once
+	writeFor := func(d time.Duration, count bool) {
+		var wg sync.WaitGroup
+		stop := time.Now().Add(d)
+		for w := range sz.Writers {
+			wg.Go(func() {
+				for i := 0; time.Now().Before(stop); i++ {
+					key := fmt.Sprintf("w%02d-%08d", w, i)
+					doc := doc300(i)
+					err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, q, key, string(doc)); err != nil {
+							return err
+						}
+						switch mode {
+						case p6Feed:
+							_, err := st.Write(ctx, tx, "p6", []feed.Change{feed.Put(feed.Key(key), doc)})
+							return err
+						case p6Notify:
+							_, err := tx.Exec(ctx, `SELECT pg_notify('kairos_bench_p6', $1::text)`, key)
+							return err
+						case p6AtCommit, p6Unordered, p6UnorderedSilent:
+							_, err := tx.Exec(ctx, row, key, string(doc))
+							return err
+						}
+						return nil
+					})
+					if err != nil {
+						once.Do(func() { firstErr = err })
+						return
+					}
+					if count {
+						commits.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	writeFor(sz.WritersFor/5, false) // warm-up: connections, plans, the feed's first row
+	var waits chan map[string]float64
+	stopWaits := make(chan struct{})
+	if e.stmts != nil {
+		waits = make(chan map[string]float64, 1)
+		go func() {
+			w, err := sampleWaits(ctx, e, stopWaits)
+			if err != nil {
+				e.logf("sampling waits: %v", err)
+			}
+			waits <- w
+		}()
+	}
+	start := time.Now()
+	writeFor(sz.WritersFor, true)
+	elapsed := time.Since(start)
+	close(stopWaits)
+	if waits != nil {
+		reportWaits(e.log, "P6 "+mode.String(), <-waits)
+	}
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return float64(commits.Load()) / elapsed.Seconds(), nil
 }
