@@ -93,7 +93,13 @@ type statements struct {
 	// cursorExists tells a refused delete from a missing row; removeParked
 	// deletes the sink's parks.
 	removeCursor, cursorExists, removeParked string
-	// describeSinks and describeParked are the per-sink report.
+	// describeSinks and describeParked are the per-sink report. A sink's
+	// pending count is the rows above its cursor. Counted once per sink, that
+	// reads rows × sinks index entries; describeSinks instead counts the rows
+	// between each cursor and the next one up, each range once (s, kept
+	// apart so the planner cannot fold it back into a count per sink), and a
+	// sink's count is the sum of the ranges from its cursor up: every row
+	// above the lowest cursor is read once.
 	describeSinks, describeParked string
 }
 
@@ -197,9 +203,19 @@ WHERE feed = $1::text AND sink = $2::text
 RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
-		describeSinks: `SELECT c.sink, c.generation, c.seq, c.last_advance_at, c.lease_holder, c.lease_expires_at,
-	(SELECT count(*) FROM ` + r + ` AS r WHERE r.feed = c.feed AND r.seq > coalesce(c.seq, 0))
-FROM ` + c + ` AS c WHERE c.feed = $1::text ORDER BY c.sink`,
+		describeSinks: `WITH c AS (
+	SELECT sink, generation, seq, last_advance_at, lease_holder, lease_expires_at, coalesce(seq, 0) AS at
+	FROM ` + c + ` WHERE feed = $1::text
+), p AS (
+	SELECT at, lead(at) OVER (ORDER BY at) AS next FROM (SELECT DISTINCT at FROM c) AS d
+), s AS MATERIALIZED (
+	SELECT p.at, (SELECT count(*) FROM ` + r + ` AS r
+		WHERE r.feed = $1::text AND r.seq > p.at AND r.seq <= coalesce(p.next, 9223372036854775807)) AS n
+	FROM p
+)
+SELECT c.sink, c.generation, c.seq, c.last_advance_at, c.lease_holder, c.lease_expires_at,
+	coalesce((SELECT sum(s.n) FROM s WHERE s.at >= c.at), 0)::bigint
+FROM c ORDER BY c.sink`,
 		describeParked: `SELECT sink, key, seq, reason, parked_at FROM ` + p + ` WHERE feed = $1::text ORDER BY sink, key`,
 	}
 }
