@@ -35,7 +35,7 @@ type wm struct {
 // defaults (1 s and 100).
 func (e *env) newWatermill(ctx context.Context, s *schema, poll time.Duration, batch int) (*wm, error) {
 	w := &wm{counter: &queryCounter{}}
-	p, err := e.pool(ctx, 4, w.counter)
+	p, err := e.pool(ctx, 8, w.counter) // room for P3's pacing writers beside the subscriber
 	if err != nil {
 		return nil, err
 	}
