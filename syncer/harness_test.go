@@ -521,6 +521,24 @@ func (s *leaseSpy) CASCursor(ctx context.Context, m feed.CursorMove) error {
 	return s.SyncStore.CASCursor(ctx, m)
 }
 
+// steal takes the sink's lease away from the worker spy last gave one to, as
+// a rival would once it lapsed: it releases the worker's lease and takes it
+// for the test, until the test ends or it releases the rival's lease itself.
+func (e *env) steal(t *testing.T, spy *leaseSpy, id feed.SinkID) (old, rival feed.Lease) {
+	t.Helper()
+	old = spy.lease(id)
+	if err := old.Release(e.ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	rctx, cancel := context.WithCancel(e.ctx)
+	t.Cleanup(cancel)
+	rival, err := e.h.Store.AcquireLease(rctx, id)
+	if err != nil {
+		t.Fatalf("the rival could not take the released lease: %v", err)
+	}
+	return old, rival
+}
+
 // faultyReader fails the next n ReadBatch calls with an infrastructure fault.
 type faultyReader struct {
 	feed.Reader

@@ -55,18 +55,9 @@ func TestLeaseLostMidBatch(t *testing.T) {
 				}
 				<-entered
 				before := e.cursor(w.id)
-				old := spy.lease(w.id)
-				oldHolder.Store(old.Holder())
+				oldHolder.Store(spy.holder(w.id))
 				lost.Store(true)
-				if err := old.Release(e.ctx); err != nil {
-					t.Fatalf("release: %v", err)
-				}
-				rctx, rcancel := context.WithCancel(e.ctx)
-				defer rcancel()
-				rival, err := e.h.Store.AcquireLease(rctx, w.id)
-				if err != nil {
-					t.Fatalf("the rival could not take the released lease: %v", err)
-				}
+				old, rival := e.steal(t, spy, w.id)
 				rivalHolds.Store(true)
 				close(release)
 

@@ -205,16 +205,7 @@ func TestPutOffMovesUnderALostLease(t *testing.T) {
 		run, spy, res, _ := catchUpFrom(t, e, w, opts, 10*opts.BatchSize)
 		<-entered
 		before := e.cursor(w.id)
-		old := spy.lease(w.id)
-		if err := old.Release(e.ctx); err != nil {
-			t.Fatalf("release: %v", err)
-		}
-		rctx, rcancel := context.WithCancel(e.ctx)
-		defer rcancel()
-		rival, err := e.h.Store.AcquireLease(rctx, w.id)
-		if err != nil {
-			t.Fatalf("the rival could not take the released lease: %v", err)
-		}
+		_, rival := e.steal(t, spy, w.id)
 		close(release)
 		e.eventually("the worker in standby", e.limit(), func() bool {
 			st := run.r.States()[0]
