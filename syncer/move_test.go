@@ -30,6 +30,18 @@ func catchUpFrom(t *testing.T, e *env, w *world, opts syncer.Options, n int) (*r
 	return run, spy, e.write(changes...), before
 }
 
+// catchUpCalls numbers the apply calls of the catch-up catchUpFrom sets off
+// (the resync of its first record is not one): next returns the ordinal of
+// call c among them, counting from 1, or 0 for any other call.
+type catchUpCalls struct{ n atomic.Int32 }
+
+func (k *catchUpCalls) next(c *call) int32 {
+	if c.Op != "apply" || c.Seqs[0] == 1 {
+		return 0
+	}
+	return k.n.Add(1)
+}
+
 // applied counts, per seq, the apply calls that returned without error and
 // carried it.
 func applied(w *world) map[feed.Seq]int {
@@ -94,10 +106,10 @@ func TestPutOffMovesLand(t *testing.T) {
 			w := newWorld(e, "s")
 			opts := testOptions(t, e)
 			opts.MoveInterval = time.Hour
-			var applies atomic.Int32
+			var applies catchUpCalls
 			reached := make(chan struct{})
 			w.setHook(func(ctx context.Context, c *call) error {
-				if c.Op == "apply" && c.Seqs[0] > 1 && applies.Add(1) == 5 {
+				if applies.next(c) == 5 {
 					close(reached)
 					<-ctx.Done() // the fifth batch is in flight when the worker stops
 					return ctx.Err()
@@ -122,13 +134,10 @@ func TestPutOffMovesLand(t *testing.T) {
 			w := newWorld(e, "s")
 			opts := testOptions(t, e)
 			opts.MoveInterval = time.Hour
-			var applies atomic.Int32
+			var applies catchUpCalls
 			var atRetry atomic.Int64
 			w.setHook(func(ctx context.Context, c *call) error {
-				if c.Op != "apply" || c.Seqs[0] == 1 {
-					return nil
-				}
-				switch applies.Add(1) {
+				switch applies.next(c) {
 				case 5:
 					return errors.New("injected sink fault")
 				case 6:
@@ -164,10 +173,10 @@ func TestPutOffMovesLand(t *testing.T) {
 				}
 				return ""
 			})
-			var applies atomic.Int32
+			var applies catchUpCalls
 			var atFourth atomic.Int64
 			w.setHook(func(ctx context.Context, c *call) error {
-				if c.Op == "apply" && c.Seqs[0] > 1 && applies.Add(1) == 4 {
+				if applies.next(c) == 4 {
 					atFourth.Store(int64(e.cursor(w.id).Seq))
 				}
 				return nil
@@ -193,10 +202,10 @@ func TestPutOffMovesUnderALostLease(t *testing.T) {
 		w := newWorld(e, "s")
 		opts := testOptions(t, e)
 		opts.MoveInterval = time.Hour
-		var applies atomic.Int32
+		var applies catchUpCalls
 		entered, release := make(chan struct{}), make(chan struct{})
 		w.setHook(func(ctx context.Context, c *call) error {
-			if c.Op == "apply" && c.Seqs[0] > 1 && applies.Add(1) == 5 {
+			if applies.next(c) == 5 {
 				close(entered)
 				<-release
 			}

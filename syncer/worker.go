@@ -245,9 +245,7 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 		// the next holder does not send those batches again. Refused (the
 		// lease is gone) or failed, it only costs that resend.
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		if err := s.flush(fctx); err != nil {
-			w.log.Debug("the cursor move put off did not land; those batches will be sent again", "error", err)
-		}
+		s.tryFlush(fctx)
 		cancel()
 		if s.sub != nil {
 			s.sub.Close()
@@ -276,9 +274,7 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 			// Land what the sink already took before backing off, so that
 			// the retry starts after it; a store at fault refuses this too,
 			// and the batches are then sent again.
-			if ferr := s.flush(ctx); ferr != nil {
-				w.log.Debug("the cursor move put off did not land; those batches will be sent again", "error", ferr)
-			}
+			s.tryFlush(ctx)
 			s.fresh = false
 			failures++
 			w.fault(ctx, err)
@@ -458,6 +454,14 @@ func (s *session) flush(ctx context.Context) error {
 		return nil
 	}
 	return s.move(ctx, s.applied, feed.ParkChange{})
+}
+
+// tryFlush lands the move put off, if one is, where failing to is no fault
+// of its own: the batches past the cursor are then only sent again.
+func (s *session) tryFlush(ctx context.Context) {
+	if err := s.flush(ctx); err != nil {
+		s.w.log.Debug("the cursor move put off did not land; those batches will be sent again", "error", err)
+	}
 }
 
 // move makes the fenced cursor move from where the store has it to next,
