@@ -25,8 +25,8 @@ import (
 //   - "no lock, silent": the same without the notify: the cost of the row
 //     alone, what is left if wake-ups came some other way.
 //
-// A run of group X found (BENCHMARKS.md) that only the last stays above 0.5×:
-// a notify per commit costs more than half of what P6 allows on its own,
+// A run of group X (BENCHMARKS.md) put only the last clear of 0.5×; without
+// the lock but with a notify per commit it landed on the line (0.40–0.51×),
 // because PostgreSQL queues notifications under one lock held through every
 // notifying commit.
 
