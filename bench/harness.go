@@ -158,7 +158,7 @@ func (e *env) newSchema(ctx context.Context, admin *pgxpool.Pool) (*schema, erro
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s.name}.Sanitize()); err != nil {
 		return nil, err
 	}
-	if _, err := pgfeed.Migrate(ctx, admin, s.name, ""); err != nil {
+	if _, err := pgfeed.Migrate(ctx, admin, pgfeed.Options{Schema: s.name}); err != nil {
 		s.drop()
 		return nil, err
 	}

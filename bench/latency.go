@@ -74,7 +74,7 @@ func (e *env) kairosPipe(ctx context.Context, s *schema, a *arrivals) (*pipe, er
 		return nil, err
 	}
 	sink := arrivalSink{a}
-	w, err := syncer.NewWorker(st, st, feed.SinkID{Feed: "p3", Sink: "s"}, sink, syncer.Options{Logger: quiet})
+	w, err := syncer.NewWorker(st, feed.SinkID{Feed: "p3", Sink: "s"}, sink, syncer.Options{Logger: quiet})
 	if err != nil {
 		st.Close()
 		p.Close()

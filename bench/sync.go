@@ -24,7 +24,10 @@ func catchUp(ctx context.Context, st *pgfeed.Store, id feed.SinkID, want int, re
 // catchUpRS is catchUp over a reader and a store that may differ.
 func catchUpRS(ctx context.Context, rd feed.Reader, ss feed.SyncStore, id feed.SinkID, want int, resync bool) (float64, error) {
 	sink := &noopSink{}
-	w, err := syncer.NewWorker(rd, ss, id, sink, syncer.Options{Logger: quiet, PollInterval: time.Minute})
+	w, err := syncer.NewWorker(struct {
+		feed.Reader
+		feed.SyncStore
+	}{rd, ss}, id, sink, syncer.Options{Logger: quiet, PollInterval: time.Minute})
 	if err != nil {
 		return 0, err
 	}

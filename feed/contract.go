@@ -47,6 +47,15 @@ type Subscription interface {
 	Close()
 }
 
+// Store is a feed's reader and its sync store in one value, as the driver
+// takes them: a worker reads the feed and moves the cursor beside it, in the
+// same database. pgfeed's and memfeed's stores are one. A test that wraps one
+// role only (a spy on the leases, say) embeds the two in a struct of its own.
+type Store interface {
+	Reader
+	SyncStore
+}
+
 // SyncStore keeps each sink's cursor, parked list and lease, in the same
 // database as the feed. Every method validates its input first and returns an
 // *InvalidError before touching any state. Infrastructure faults are

@@ -55,11 +55,11 @@ func TestBadIdentifiers(t *testing.T) {
 			t.Parallel()
 			_, err := pgfeed.New(t.Context(), pool, pgfeed.Options{Schema: c.schema, TablePrefix: c.prefix})
 			wantInvalid(t, "New", err, c.field)
-			_, err = pgfeed.Migrate(t.Context(), pool, c.schema, c.prefix)
+			_, err = pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: c.schema, TablePrefix: c.prefix})
 			wantInvalid(t, "Migrate", err, c.field)
-			_, err = pgfeed.Migrations(c.schema, c.prefix)
+			_, err = pgfeed.Migrations(pgfeed.Options{Schema: c.schema, TablePrefix: c.prefix})
 			wantInvalid(t, "Migrations", err, c.field)
-			_, err = pgfeed.MigrationSQL(c.schema, c.prefix)
+			_, err = pgfeed.MigrationSQL(pgfeed.Options{Schema: c.schema, TablePrefix: c.prefix})
 			wantInvalid(t, "MigrationSQL", err, c.field)
 			if err != nil && strings.ContainsRune(err.Error(), 0) {
 				t.Errorf("the error carries a NUL byte: %q", err)
@@ -69,7 +69,7 @@ func TestBadIdentifiers(t *testing.T) {
 	// The longest names that fit are accepted, and work.
 	schema := pgtest.Schema(t)
 	prefix := strings.Repeat("p", 63-len("generations"))
-	if _, err := pgfeed.Migrate(t.Context(), pool, schema, prefix); err != nil {
+	if _, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: prefix}); err != nil {
 		t.Fatalf("Migrate with a %d-byte prefix: %v", len(prefix), err)
 	}
 	if _, err := pgfeed.New(t.Context(), pool, pgfeed.Options{Schema: strings.Repeat("s", 63), TablePrefix: prefix}); err != nil {

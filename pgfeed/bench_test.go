@@ -69,7 +69,7 @@ func setupB(b *testing.B) db {
 	b.Helper()
 	pool := pgtest.Pool(b, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	schema := pgtest.Schema(b)
-	if _, err := pgfeed.Migrate(b.Context(), pool, schema, ""); err != nil {
+	if _, err := pgfeed.Migrate(b.Context(), pool, pgfeed.Options{Schema: schema}); err != nil {
 		b.Fatal(err)
 	}
 	return db{pool: pool, schema: schema}

@@ -11,7 +11,7 @@ import (
 // step per version) or MigrationSQL (the whole script), with their schema and
 // prefix filled in and quoted.
 func ExampleMigrations() {
-	steps, err := pgfeed.Migrations("app", "outbox_")
+	steps, err := pgfeed.Migrations(pgfeed.Options{Schema: "app", TablePrefix: "outbox_"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -20,7 +20,7 @@ func ExampleMigrations() {
 		first, _, _ := strings.Cut(strings.TrimSpace(m.SQL[strings.Index(m.SQL, "CREATE TABLE"):]), "(")
 		fmt.Println(m.Version, m.Name, "-", strings.TrimSpace(first))
 	}
-	_, err = pgfeed.Migrations("App", "")
+	_, err = pgfeed.Migrations(pgfeed.Options{Schema: "App"})
 	fmt.Println(err)
 	// Output:
 	// 1 0001_feed - CREATE TABLE IF NOT EXISTS "app"."outbox_generations"

@@ -40,7 +40,7 @@ func setup(t *testing.T, url string, mode pgx.QueryExecMode) db {
 	schema := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	return db{pool: pool, schema: schema}

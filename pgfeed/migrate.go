@@ -29,11 +29,12 @@ func (n names) migrations() pgschema.Migrations {
 	}
 }
 
-// Migrations returns the schema's migrations for schema and prefix (empty
-// means the default), in version order, for teams that apply SQL with their own
-// migration tool. Each step is idempotent. Migrate applies the same SQL.
-func Migrations(schema, prefix string) ([]Migration, error) {
-	n, err := resolveNames(schema, prefix)
+// Migrations returns the schema's migrations for opts' schema and table
+// prefix (the other options play no part), in version order, for teams that
+// apply SQL with their own migration tool. Each step is idempotent. Migrate
+// applies the same SQL.
+func Migrations(opts Options) ([]Migration, error) {
+	n, err := resolveNames(opts.Schema, opts.TablePrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -42,24 +43,25 @@ func Migrations(schema, prefix string) ([]Migration, error) {
 
 // MigrationSQL is the whole schema as one script (schema, version table and
 // every migration), for review or for a migration tool of the team's own.
-func MigrationSQL(schema, prefix string) (string, error) {
-	n, err := resolveNames(schema, prefix)
+func MigrationSQL(opts Options) (string, error) {
+	n, err := resolveNames(opts.Schema, opts.TablePrefix)
 	if err != nil {
 		return "", err
 	}
 	return n.migrations().Script()
 }
 
-// Migrate brings the schema for schema and prefix (empty means the default) up
-// to date, in one transaction, and returns the versions it applied. Processes
+// Migrate brings the schema for opts' schema and table prefix (the store's
+// own options; the others play no part) up to date, in one transaction, and
+// returns the versions it applied. Processes
 // that migrate at once serialise on advisory transaction locks (see
 // pgschema.Migrations.Apply) and the later ones find nothing left to do. It
 // works through a transaction pooler.
-func Migrate(ctx context.Context, db DBTX, schema, prefix string) ([]int, error) {
+func Migrate(ctx context.Context, db DBTX, opts Options) ([]int, error) {
 	if db == nil {
 		return nil, feed.Invalid("db", "must not be nil")
 	}
-	n, err := resolveNames(schema, prefix)
+	n, err := resolveNames(opts.Schema, opts.TablePrefix)
 	if err != nil {
 		return nil, err
 	}

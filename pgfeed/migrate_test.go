@@ -36,7 +36,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	schema := pgtest.Schema(t)
-	list, err := pgfeed.Migrations(schema, "x_")
+	list, err := pgfeed.Migrations(pgfeed.Options{Schema: schema, TablePrefix: "x_"})
 	if err != nil || len(list) == 0 {
 		t.Fatalf("Migrations = %v, %v", list, err)
 	}
@@ -59,7 +59,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 				return
 			}
 			defer conn.Close(context.Background())
-			got, err := pgfeed.Migrate(t.Context(), conn, schema, "x_")
+			got, err := pgfeed.Migrate(t.Context(), conn, pgfeed.Options{Schema: schema, TablePrefix: "x_"})
 			mu.Lock()
 			defer mu.Unlock()
 			applied = append(applied, got...)
@@ -80,7 +80,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if !slices.Equal(applied, want) {
 		t.Fatalf("versions applied across 8 concurrent runs = %v; want each of %v once", applied, want)
 	}
-	if got, err := pgfeed.Migrate(t.Context(), pool, schema, "x_"); err != nil || len(got) != 0 {
+	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: "x_"}); err != nil || len(got) != 0 {
 		t.Fatalf("a later Migrate applied %v, %v; want nothing", got, err)
 	}
 	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows"}) {
@@ -99,7 +99,7 @@ func TestMigrationSQLScript(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	schema := pgtest.Schema(t)
-	script, err := pgfeed.MigrationSQL(schema, "")
+	script, err := pgfeed.MigrationSQL(pgfeed.Options{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestMigrationSQLScript(t *testing.T) {
 			t.Fatalf("running the script: %v", err)
 		}
 	}
-	if got, err := pgfeed.Migrate(t.Context(), pool, schema, ""); err != nil || len(got) != 0 {
+	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema}); err != nil || len(got) != 0 {
 		t.Fatalf("Migrate after the script applied %v, %v; want nothing", got, err)
 	}
 	s := newStore(t, db{pool: pool, schema: schema}, pgfeed.Options{})
@@ -122,7 +122,7 @@ func TestMigrationSQLScript(t *testing.T) {
 
 // TestDefaultSchemaNames: the zero Options mean schema kairos, prefix feed_.
 func TestDefaultSchemaNames(t *testing.T) {
-	script, err := pgfeed.MigrationSQL("", "")
+	script, err := pgfeed.MigrationSQL(pgfeed.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,7 +130,7 @@ func TestRebuildEndToEnd(t *testing.T) {
 
 	sinks := []*memfeed.Sink{memfeed.NewSink(memfeed.SinkOptions{}), memfeed.NewSink(memfeed.SinkOptions{})}
 	targets := []syncer.Target{{ID: feed.SinkID{Feed: orders, Sink: "search"}, Sink: sinks[0]}, {ID: feed.SinkID{Feed: orders, Sink: "cache"}, Sink: sinks[1]}}
-	drv, err := syncer.NewRunner(e.feeds, e.feeds, targets, syncer.Options{PollInterval: 200 * time.Millisecond, BackoffMin: 20 * time.Millisecond, LeaseRetry: 100 * time.Millisecond, Logger: quiet})
+	drv, err := syncer.NewRunner(e.feeds, targets, syncer.Options{PollInterval: 200 * time.Millisecond, BackoffMin: 20 * time.Millisecond, LeaseRetry: 100 * time.Millisecond, Logger: quiet})
 	mustf(t, err, "syncer")
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -40,7 +40,7 @@ func Example_rebuild() {
 	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`)
 
 	// Once per deployment: both packages' tables, and the application's view.
-	if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 		fmt.Println(err)
 		return
 	}

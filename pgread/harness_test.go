@@ -48,7 +48,7 @@ func setupURL(t *testing.T, url string, mode pgx.QueryExecMode) env {
 	schema := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 		t.Fatalf("pgfeed.Migrate: %v", err)
 	}
 	if _, err := pgread.Migrate(ctx, pool, pgread.Options{Schema: schema}); err != nil {

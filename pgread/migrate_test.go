@@ -33,7 +33,7 @@ func TestMigrateConcurrent(t *testing.T) {
 	}
 	feedErrs := make([]error, 4)
 	for i := range feedErrs {
-		wg.Go(func() { <-start; _, feedErrs[i] = pgfeed.Migrate(ctx, pool, schema, "") })
+		wg.Go(func() { <-start; _, feedErrs[i] = pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}) })
 	}
 	close(start)
 	wg.Wait()

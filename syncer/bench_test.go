@@ -49,7 +49,7 @@ func BenchmarkCommitToSink(b *testing.B) {
 	f := feed.FeedName("latency")
 	id := feed.SinkID{Feed: f, Sink: "s"}
 	sink := &arrivalSink{arrived: make(chan arrival, 16)}
-	w, err := syncer.NewWorker(store, store, id, sink, syncer.Options{
+	w, err := syncer.NewWorker(store, id, sink, syncer.Options{
 		PollInterval: time.Hour,
 		Logger:       slog.New(slog.DiscardHandler),
 	})
@@ -119,7 +119,7 @@ func BenchmarkCatchUp(b *testing.B) {
 		f := feed.FeedName(fmt.Sprintf("catchup-%d", i))
 		id := feed.SinkID{Feed: f, Sink: "s"}
 		sink := &countSink{}
-		w, err := syncer.NewWorker(store, store, id, sink, syncer.Options{Logger: slog.New(slog.DiscardHandler)})
+		w, err := syncer.NewWorker(store, id, sink, syncer.Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			b.Fatal(err)
 		}

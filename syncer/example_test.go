@@ -28,7 +28,7 @@ func ExampleRunner() {
 		feed.Put("o2", []byte(`{"total":20}`)),
 	})
 
-	runner, err := syncer.NewRunner(store, store, []syncer.Target{{ID: id, Sink: search}}, syncer.Options{
+	runner, err := syncer.NewRunner(store, []syncer.Target{{ID: id, Sink: search}}, syncer.Options{
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

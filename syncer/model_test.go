@@ -55,7 +55,7 @@ func TestRandomHistories(t *testing.T) {
 			stolen := map[feed.LeaseHolder]bool{}
 			startRunner := func() {
 				spy = newSpy(e.h.Store)
-				r, err := syncer.NewRunner(e.h.Reader, spy, []syncer.Target{{ID: w.id, Sink: w.sinkFor("W", spy)}}, opts)
+				r, err := syncer.NewRunner(split{e.h.Reader, spy}, []syncer.Target{{ID: w.id, Sink: w.sinkFor("W", spy)}}, opts)
 				if err != nil {
 					rt.Fatal(err)
 				}

@@ -53,9 +53,9 @@ func TestOptionsRefused(t *testing.T) {
 		{"negative sink timeout", syncer.Options{SinkTimeout: -1}, "syncer.sink_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := syncer.NewWorker(store, store, id, nopSink{}, tc.opts)
+			_, err := syncer.NewWorker(store, id, nopSink{}, tc.opts)
 			wantField(t, "NewWorker", err, tc.field)
-			_, err = syncer.NewRunner(store, store, []syncer.Target{{ID: id, Sink: nopSink{}}}, tc.opts)
+			_, err = syncer.NewRunner(store, []syncer.Target{{ID: id, Sink: nopSink{}}}, tc.opts)
 			wantField(t, "NewRunner", err, tc.field)
 		})
 	}
@@ -79,7 +79,7 @@ func TestOptionsAccepted(t *testing.T) {
 		{"moves put off for a minute", syncer.Options{MoveInterval: time.Minute}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := syncer.NewWorker(store, store, id, nopSink{}, tc.opts); err != nil {
+			if _, err := syncer.NewWorker(store, id, nopSink{}, tc.opts); err != nil {
 				t.Fatalf("refused: %v", err)
 			}
 		})
@@ -92,25 +92,23 @@ func TestConstructionRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := feed.SinkID{Feed: "f", Sink: "s"}
-	_, err = syncer.NewWorker(nil, store, id, nopSink{}, syncer.Options{})
-	wantField(t, "nil reader", err, "reader")
-	_, err = syncer.NewWorker(store, nil, id, nopSink{}, syncer.Options{})
+	_, err = syncer.NewWorker(nil, id, nopSink{}, syncer.Options{})
 	wantField(t, "nil store", err, "store")
-	_, err = syncer.NewWorker(store, store, id, nil, syncer.Options{})
+	_, err = syncer.NewWorker(store, id, nil, syncer.Options{})
 	wantField(t, "nil sink", err, "sink")
-	_, err = syncer.NewWorker(store, store, feed.SinkID{Feed: "f", Sink: "bad name"}, nopSink{}, syncer.Options{})
+	_, err = syncer.NewWorker(store, feed.SinkID{Feed: "f", Sink: "bad name"}, nopSink{}, syncer.Options{})
 	wantField(t, "bad sink name", err, "sink name")
 
-	_, err = syncer.NewRunner(store, store, nil, syncer.Options{})
+	_, err = syncer.NewRunner(store, nil, syncer.Options{})
 	wantField(t, "no targets", err, "targets")
-	_, err = syncer.NewRunner(store, store, []syncer.Target{{ID: id, Sink: nopSink{}}, {ID: id, Sink: nopSink{}}}, syncer.Options{})
+	_, err = syncer.NewRunner(store, []syncer.Target{{ID: id, Sink: nopSink{}}, {ID: id, Sink: nopSink{}}}, syncer.Options{})
 	wantField(t, "duplicate target", err, "targets[1].id")
-	_, err = syncer.NewRunner(store, store, []syncer.Target{{ID: id, Sink: nopSink{}}, {ID: feed.SinkID{Feed: "", Sink: "s"}, Sink: nopSink{}}}, syncer.Options{})
+	_, err = syncer.NewRunner(store, []syncer.Target{{ID: id, Sink: nopSink{}}, {ID: feed.SinkID{Feed: "", Sink: "s"}, Sink: nopSink{}}}, syncer.Options{})
 	wantField(t, "bad target name", err, "targets[1].id.feed")
-	_, err = syncer.NewRunner(store, store, []syncer.Target{{ID: id}}, syncer.Options{})
+	_, err = syncer.NewRunner(store, []syncer.Target{{ID: id}}, syncer.Options{})
 	wantField(t, "nil target sink", err, "targets[0].sink")
-	_, err = syncer.NewRunner(nil, store, []syncer.Target{{ID: id, Sink: nopSink{}}}, syncer.Options{})
-	wantField(t, "nil runner reader", err, "reader")
+	_, err = syncer.NewRunner(nil, []syncer.Target{{ID: id, Sink: nopSink{}}}, syncer.Options{})
+	wantField(t, "nil runner store", err, "store")
 }
 
 // deadlineSink records how far off the deadline of its first call was.
@@ -152,7 +150,7 @@ func TestSinkDeadlineFollowsLeaseMargin(t *testing.T) {
 				t.Fatal(err)
 			}
 			sink := deadlineSink{got: make(chan time.Duration, 1)}
-			w, err := syncer.NewWorker(store, store, feed.SinkID{Feed: "f", Sink: "s"}, sink, syncer.Options{
+			w, err := syncer.NewWorker(store, feed.SinkID{Feed: "f", Sink: "s"}, sink, syncer.Options{
 				SinkTimeout: tc.set,
 				Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})

@@ -48,7 +48,7 @@ func newPG(t testing.TB, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool, str
 	schema := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	opts.Schema = schema
@@ -86,7 +86,7 @@ func TestTerminatedBackends(t *testing.T) {
 			pool := namedPool(t, app)
 			schema := pgtest.Schema(t)
 			ctx := t.Context()
-			if _, err := pgfeed.Migrate(ctx, pool, schema, ""); err != nil {
+			if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 				t.Fatal(err)
 			}
 			opts := pgfeed.Options{Schema: schema, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))}

@@ -186,7 +186,7 @@ func rivalChild() int {
 		id := feed.SinkID{Feed: f, Sink: sink}
 		targets = append(targets, syncer.Target{ID: id, Sink: &tableSink{pool: pool, schema: schema, proc: name, id: id, store: store, spy: spy}})
 	}
-	r, err := syncer.NewRunner(store, spy, targets, syncer.Options{
+	r, err := syncer.NewRunner(split{store, spy}, targets, syncer.Options{
 		BatchSize:    50,
 		SinkTimeout:  500 * time.Millisecond,
 		LeaseRetry:   200 * time.Millisecond,

@@ -24,13 +24,10 @@ type Runner struct {
 	running atomic.Bool
 }
 
-// NewRunner builds a runner over reader and store (usually one value) for
-// targets, every worker with opts. A target list must not be empty nor name
-// one sink twice.
-func NewRunner(reader feed.Reader, store feed.SyncStore, targets []Target, opts Options) (*Runner, error) {
+// NewRunner builds a runner over store for targets, every worker with opts.
+// A target list must not be empty nor name one sink twice.
+func NewRunner(store feed.Store, targets []Target, opts Options) (*Runner, error) {
 	switch {
-	case reader == nil:
-		return nil, feed.Invalid("reader", "must not be nil")
 	case store == nil:
 		return nil, feed.Invalid("store", "must not be nil")
 	case len(targets) == 0:
@@ -57,7 +54,7 @@ func NewRunner(reader feed.Reader, store feed.SyncStore, targets []Target, opts 
 			return nil, feed.Invalid(field+".id", "%v is already targets[%d]; one worker per sink", t.ID, j)
 		}
 		seen[t.ID] = i
-		r.workers = append(r.workers, newWorker(reader, store, t.ID, t.Sink, opts))
+		r.workers = append(r.workers, newWorker(store, t.ID, t.Sink, opts))
 	}
 	return r, nil
 }

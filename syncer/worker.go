@@ -77,12 +77,10 @@ type Worker struct {
 }
 
 // NewWorker builds a worker that mirrors the feed id.Feed into sink, whose
-// cursor, parked list and lease the store keeps under id. reader and store are
-// usually the same value (memfeed.Store, pgfeed's store).
-func NewWorker(reader feed.Reader, store feed.SyncStore, id feed.SinkID, sink feed.Sink, opts Options) (*Worker, error) {
+// cursor, parked list and lease store keeps under id (a *pgfeed.Store or a
+// *memfeed.Store).
+func NewWorker(store feed.Store, id feed.SinkID, sink feed.Sink, opts Options) (*Worker, error) {
 	switch {
-	case reader == nil:
-		return nil, feed.Invalid("reader", "must not be nil")
 	case store == nil:
 		return nil, feed.Invalid("store", "must not be nil")
 	case sink == nil:
@@ -95,14 +93,14 @@ func NewWorker(reader feed.Reader, store feed.SyncStore, id feed.SinkID, sink fe
 	if err != nil {
 		return nil, err
 	}
-	return newWorker(reader, store, id, sink, opts), nil
+	return newWorker(store, id, sink, opts), nil
 }
 
 // newWorker builds a worker from resolved options.
-func newWorker(reader feed.Reader, store feed.SyncStore, id feed.SinkID, sink feed.Sink, opts Options) *Worker {
+func newWorker(store feed.Store, id feed.SinkID, sink feed.Sink, opts Options) *Worker {
 	return &Worker{
 		id:     id,
-		reader: reader,
+		reader: store,
 		store:  store,
 		sink:   sink,
 		opts:   opts,

@@ -42,6 +42,13 @@ func (e *env) limit() time.Duration {
 	return 60 * time.Second
 }
 
+// split is a feed.Store made of a reader and a sync store that may differ:
+// the tests wrap the sync store in a spy and leave the reader as it is.
+type split struct {
+	feed.Reader
+	feed.SyncStore
+}
+
 type running struct {
 	r      *syncer.Runner
 	cancel context.CancelFunc
@@ -51,7 +58,7 @@ type running struct {
 // start runs a runner until stop or the end of the test.
 func start(t *testing.T, e *env, reader feed.Reader, store feed.SyncStore, targets []syncer.Target, opts syncer.Options) *running {
 	t.Helper()
-	r, err := syncer.NewRunner(reader, store, targets, opts)
+	r, err := syncer.NewRunner(split{reader, store}, targets, opts)
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
 	}
