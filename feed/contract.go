@@ -120,27 +120,81 @@ type Lease interface {
 	Release(ctx context.Context) error
 }
 
-// Sink is a system a feed is mirrored into. It has no transactions; it upserts
-// a record's document (or deletes its key, for a tombstone) idempotently.
+// Sink is a system a feed is mirrored into: a search index, a cache, a bus, a
+// table in another database. It has no transactions; it upserts a record's
+// document, or deletes its key for a tombstone, by key and idempotently. This
+// doc and ResyncTarget's are the one home of the sink contract; feedtest.RunSink
+// checks each rule against the real server, and a sink package's doc says which
+// of the optional parts it keeps (the seq guard, atomic publish) and what it
+// rejects.
 //
-// Apply tells apart two failures. A rejection concerns one record (the target
-// refuses that document): it is returned in the slice, the record is parked,
-// and the worker moves on. An error concerns the sink (unreachable, overloaded,
-// timed out): the worker retries the whole batch later. A sink returns either
-// rejections or an error, and on an error it may have applied any part of the
-// batch, which the retry makes good since applying is idempotent.
+// # Apply
+//
+// A batch holds records of distinct keys in ascending seq order, tombstones
+// included (nil Doc). Apply upserts each document under its key and deletes
+// each tombstone's key; deleting a key the sink does not have is no error.
+// Applying the same batch again changes nothing: after a fault or a lease
+// change the worker sends again what the sink may already have taken. Record
+// documents may share buffers with the rest of the batch (see Record); a sink
+// that keeps one past the call copies it.
+//
+// Apply tells apart two failures. A rejection concerns one record: the target
+// refuses that document (too large, a type the index cannot map, a key it
+// cannot store). It is returned in the slice with the record's key, its seq
+// (or 0, meaning the record's own) and a reason an operator can act on; the
+// worker parks it, cleaned to one line (CleanReason), and moves on. A
+// rejection must name a record of the batch, or the worker treats the whole
+// call as failed. An error concerns the sink: unreachable, overloaded, timed
+// out, a server-side fault. The worker retries the whole batch later, so an
+// error must never be returned for one bad record, nor a rejection for an
+// outage, which would park records that are fine. A sink returns either
+// rejections or an error; with an error it may have applied any part of the
+// batch.
+//
+// Apply honours ctx: the worker bounds each call so that it ends before the
+// lease could pass to a rival, and never starts another call while one runs.
+// A call that returns must leave nothing of itself still running.
+//
+// # The seq guard
+//
+// A worker that loses its lease may have one call still landing after a rival
+// took over. A sink that can make each write conditional on the record's seq
+// (a SQL upsert WHERE the stored seq is lower, a server-side script, an
+// external version) should: it keeps each key's seq beside its document,
+// tombstones included, and ignores a record whose seq is below the stored
+// one, so even that stale call cannot bring back an older version. A sink that
+// cannot says so in its package doc.
 type Sink interface {
 	Apply(ctx context.Context, records []Record) ([]Rejection, error)
-	// OpenResync opens a fresh, empty copy of the sink for generation, which
-	// the worker fills from the start of the feed and then publishes.
+	// OpenResync opens a fresh, empty copy of the sink for generation (1 or
+	// more; anything else is an *InvalidError for "generation"), which the
+	// worker fills from the start of the feed and then publishes. The live
+	// copy keeps serving, unchanged, until Publish. Opening a copy for a
+	// generation that an earlier, unfinished resync left half-filled (a
+	// crash) starts it empty again.
 	OpenResync(ctx context.Context, generation Generation) (ResyncTarget, error)
 }
 
-// ResyncTarget is a fresh copy of a sink being filled by a resync. Records are
-// applied to it in seq order, tombstones included; Publish swaps it in at once
-// where the sink allows it (a sink that cannot says so in its documentation and
-// rebuilds in place); Abort throws it away, and must touch nothing but this
-// unpublished copy, since a worker calls it after its lease may be gone.
+// ResyncTarget is a fresh copy of a sink being filled by a resync, after a
+// rebuild or for a sink that never had a cursor.
+//
+// Apply follows Sink.Apply's rules, on this copy only: the records of the
+// current generation arrive in seq order, a key more than once across
+// batches (updated mid-stream), tombstones included (a key deleted
+// mid-stream); nothing reaches what readers are served.
+//
+// Publish makes this copy the live one, at once where the sink can (a new
+// index behind an alias, a shadow table renamed in one transaction, a key
+// namespace switched by one pointer): readers see the old copy or the new
+// one, never a mix or an empty one. Keys the copy does not hold are gone
+// from what is served afterwards, and Sink.Apply then writes to the new copy.
+// A sink that cannot swap rebuilds in place instead: it says so in its doc,
+// and its Publish still leaves exactly the copy's keys, deleting the others.
+//
+// Abort throws the copy away and must touch nothing but it: the worker calls
+// it when a resync cannot finish (a fault, a generation that moved on, a lost
+// lease, shutdown), possibly after a rival took the lease. A later
+// OpenResync starts empty; nothing of the aborted copy leaks into it.
 type ResyncTarget interface {
 	Apply(ctx context.Context, records []Record) ([]Rejection, error)
 	Publish(ctx context.Context) error

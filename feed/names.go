@@ -20,8 +20,11 @@ const (
 	MaxBatchLimit = 100_000
 )
 
-// FeedName names a feed. Build one with ParseFeedName; see validName for the
-// rule. The zero value is not a valid name.
+// FeedName names a feed: 1 to MaxNameLen bytes of ASCII letters, digits, '_',
+// '-', '.' and ':', starting with a letter or digit, so that it needs no
+// escaping in the metric labels, log fields, NOTIFY payloads, index and key
+// prefixes and file names it ends up in. Build one with ParseFeedName. The
+// zero value is not a valid name.
 type FeedName string
 
 // SinkName names a sink of a feed; the same rule as FeedName.
@@ -83,10 +86,7 @@ func (n SinkName) Validate() error { return validName("sink name", string(n)) }
 // Validate reports whether k follows the key rule.
 func (k Key) Validate() error { return validKey("key", string(k)) }
 
-// validName is the one home of the name rule: 1 to MaxNameLen bytes of ASCII
-// letters, digits, '_', '-', '.' and ':', starting with a letter or digit. Names
-// end up in metric labels, log fields, NOTIFY payloads, index and key prefixes
-// and file names, so they are kept to characters that need no escaping there.
+// validName checks the name rule, stated on FeedName.
 func validName(field, s string) error {
 	switch {
 	case s == "":

@@ -37,8 +37,8 @@
 // WithFeed binds one feed to one checkpoint key, across processes, and makes
 // that key's reset also move the feed to its next generation and empty it,
 // in one transaction: the sinks' workers then resync into fresh copies. Its
-// doc is the home of the argument; read/REBUILDING.md walks through a
-// rebuild.
+// doc is the home of the argument; Example_rebuild is a rebuild from start
+// to end, and the README's "Rebuilding a read model" walks through it.
 //
 // # Statements
 //

@@ -16,10 +16,10 @@ type SinkHarness struct {
 	// Contents reads what the sink serves now, its published copy: the live
 	// documents by key. RunSink compares documents with JSONEqual.
 	Contents func(ctx context.Context) (map[feed.Key]json.RawMessage, error)
-	// ConditionalOnSeq says the sink makes each write conditional on the
-	// record's seq (DESIGN §7): it never replaces a key's document with an
-	// older seq's, nor deletes it for an older tombstone. RunSink then checks
-	// it; a sink that cannot leaves it false and says so in its documentation.
+	// ConditionalOnSeq says the sink keeps the seq guard (feed.Sink's doc):
+	// it never replaces a key's document with an older seq's, nor deletes it
+	// for an older tombstone. RunSink then checks it; a sink that cannot
+	// leaves it false and says so in its documentation.
 	ConditionalOnSeq bool
 	// RejectKey is a key the harness configured the sink to reject, whatever
 	// its document, to test rejections; empty when the sink cannot be made to

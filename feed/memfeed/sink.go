@@ -17,7 +17,7 @@ type SinkOptions struct {
 }
 
 // Sink is an in-memory feed.Sink: the reference every real sink is compared
-// with. It is conditional on seq (DESIGN §7): it remembers the seq of each key
+// with. It keeps feed.Sink's seq guard: it remembers the seq of each key
 // it has seen, deletions included, and ignores a record older than that, so even
 // a stale call from a worker that lost its lease cannot bring back an older
 // version. Resyncs fill a fresh map that Publish swaps in at once.
