@@ -24,7 +24,8 @@ ON CONFLICT (feed) DO UPDATE SET
 RETURNING g.projection, coalesce(g.partition, '')`
 }
 
-// BindTx records, inside the caller's tx, that f is materialised by the
+// BindTx is for implementers (see the package doc): pgread.WithFeed calls it.
+// It records, inside the caller's tx, that f is materialised by the
 // checkpoint (projection, partition), unless the feed is bound already, and
 // returns the binding the feed holds: the one just recorded, or the earlier
 // one. The caller compares the two; pgread.WithFeed refuses a feed bound to
@@ -60,8 +61,9 @@ func renameInvalid(err error, field string) error {
 	return err
 }
 
-// LockTx takes f's feed lock (its generations row, created as a never-written
-// feed's when absent) inside the caller's tx, until tx's end: the lock a
+// LockTx is for implementers (see the package doc): pgread.WithFeed's Commit
+// calls it. It takes f's feed lock (its generations row, created as a
+// never-written feed's when absent) inside the caller's tx, until tx's end: the lock a
 // Write, a RetryParked and a ResetTx take first. A caller that will write
 // other rows and then the feed takes it before them, so that it takes its
 // locks in the order a reset does.

@@ -86,6 +86,17 @@
 // does not deliver (the listener detects it and logs a warning); give
 // Options.Listen a direct connection, or rely on the workers' polling.
 //
+// # For implementers
+//
+// An application needs Migrate, New, Write (or WriteCommitted), ResetTx for a
+// rebuild, Describe, RetryParked, CollectTombstones and RemoveSink, and hands
+// the store to a syncer.Runner. The rest of the exported surface is what the
+// sync driver and the read side build on, for a driver or a decorator of your
+// own: AcquireLease, ReadCursor, CASCursor, ReadParked, ReadBatch, Head,
+// Generation and Subscribe (the driver's loop; syncer runs it), BindTx and
+// LockTx (pgread.WithFeed's binding of a feed to a projection, and its lock
+// order).
+//
 // # Failures
 //
 // Caller mistakes are *feed.InvalidError, returned before any statement runs.

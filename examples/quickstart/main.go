@@ -1,9 +1,15 @@
-// Command quickstart walks through one feed and one sink on the in-memory
-// backend, printing each step: the application writes changes in its
-// transaction, a worker takes the sink's lease, reads what is new after the
-// sink's cursor, sends it, moves the cursor past a record the sink refused
-// (parking it), and an operator retries the parked record once its cause is
-// fixed. No server is needed.
+// Command quickstart mirrors a products table into a directory of JSON files
+// with Kairos, the way an application would: each change to the table writes
+// the product's feed row in the same transaction, a sync runner keeps the
+// directory in step, the application waits until the directory shows its
+// writes, a product the directory refuses is parked and comes back once it is
+// fixed, and a rebuild of the table's feed makes the runner fill a fresh
+// directory and swap it in at once.
+//
+// It runs against PostgreSQL (KAIROS_DATABASE_URL, default
+// postgres://postgres@127.0.0.1:5432/postgres), in a schema of its own,
+// kairos_quickstart, which it drops and creates again. When no server answers
+// it says so and runs the same steps on the in-memory store.
 //
 //	go run ./examples/quickstart
 package main
@@ -11,163 +17,177 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kairos-es/kairos/feed"
-	"github.com/kairos-es/kairos/feed/memfeed"
+	"github.com/kairos-es/kairos/syncer"
 )
 
 func main() {
-	if err := run(context.Background()); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "kairos-quickstart-")
+	if err == nil {
+		err = run(ctx, os.Getenv("KAIROS_DATABASE_URL"), dir)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context) error {
-	store, err := memfeed.New(memfeed.Options{})
+// product is a row of the application's table; its feed document is the row
+// as JSON.
+type product struct {
+	ID    string  `json:"id"`
+	Name  string  `json:"name"`
+	Price float64 `json:"price"`
+}
+
+// backend is the application's table with its feed beside it: PostgreSQL, or
+// memory when no server answers.
+type backend interface {
+	// store is the feed and sync store the runner works on.
+	store() feed.Store
+	// save writes the products and deletes the ids, in the table and the
+	// feed, in one transaction.
+	save(ctx context.Context, put []product, del []string) error
+	// rebuild moves the feed to a new generation and writes every row of the
+	// table into it again, in one transaction.
+	rebuild(ctx context.Context) (feed.Generation, error)
+	close()
+}
+
+const feedName feed.FeedName = "products"
+
+func run(ctx context.Context, url, dir string) error {
+	var db backend
+	pg, err := openPostgres(ctx, url)
+	if err != nil {
+		fmt.Fprintf(out, "no PostgreSQL answered (%s);\nrunning on the in-memory store instead, which keeps nothing after exit\n\n", strings.Join(strings.Fields(err.Error()), " "))
+		db = newMemory()
+	} else {
+		db = pg
+	}
+	defer db.close()
+
+	sink, err := newDirSink(dir)
 	if err != nil {
 		return err
 	}
-	products := feed.FeedName("products")
-	id := feed.SinkID{Feed: products, Sink: "search-index"}
-
-	// The sink refuses documents without a name: the kind of record-level
-	// refusal that parks one record and lets the rest through.
-	fixed := false
-	sink := memfeed.NewSink(memfeed.SinkOptions{Reject: func(r feed.Record) string {
-		var doc struct{ Name string }
-		if r.Doc != nil && json.Unmarshal(r.Doc, &doc) == nil && doc.Name == "" && !fixed {
-			return "a product needs a name to be indexed"
-		}
-		return ""
-	}})
-
-	step("1. the application commits three products and their feed rows in one transaction")
-	tx := store.Begin()
-	res, err := store.Write(ctx, tx, products, []feed.Change{
-		feed.Put("p-1", json.RawMessage(`{"name":"lamp","price":30}`)),
-		feed.Put("p-2", json.RawMessage(`{"name":"","price":12}`)),
-		feed.Put("p-3", json.RawMessage(`{"name":"chair","price":80}`)),
+	id := feed.SinkID{Feed: feedName, Sink: "files"}
+	runner, err := syncer.NewRunner(db.store(), []syncer.Target{{ID: id, Sink: sink}}, syncer.Options{
+		PollInterval: time.Second,
+		Logger:       slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "   seqs %d..%d, generation %d\n", res.First, res.Last, res.Generation)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- runner.Run(rctx) }()
+	defer func() { stop(); <-done }()
 
-	step("2. a worker takes the lease of " + id.String() + ", then syncs")
-	lease, err := store.AcquireLease(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer lease.Release(ctx)
-	if _, err := store.AcquireLease(ctx, id); errors.Is(err, feed.ErrLeaseHeld) {
-		fmt.Fprintln(out, "   a rival worker is refused:", err)
-	}
-
-	if err := syncOnce(ctx, store, sink, lease); err != nil {
-		return err
-	}
-
-	step("3. the application deletes p-3 and renames p-1")
-	if _, err := store.WriteCommitted(ctx, products, []feed.Change{
-		feed.Delete("p-3"),
-		feed.Put("p-1", json.RawMessage(`{"name":"desk lamp","price":30}`)),
-	}); err != nil {
-		return err
-	}
-	if err := syncOnce(ctx, store, sink, lease); err != nil {
-		return err
-	}
-
-	step("4. the cause is fixed; an operator retries the parked record")
-	fixed = true
-	retried, err := store.RetryParked(ctx, id, "p-2")
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "   retried p-2:", retried)
-	if err := syncOnce(ctx, store, sink, lease); err != nil {
-		return err
-	}
-
-	step("5. the sink now mirrors the feed")
-	for _, k := range []feed.Key{"p-1", "p-2", "p-3"} {
-		if doc, ok := sink.Documents()[k]; ok {
-			fmt.Fprintf(out, "   %s = %s\n", k, doc)
-		} else {
-			fmt.Fprintf(out, "   %s is absent\n", k)
+	show := func() error {
+		if err := runner.WaitCaughtUp(ctx); err != nil {
+			return err
 		}
-	}
-	d, err := store.Describe(ctx, products)
-	if err != nil {
-		return err
-	}
-	s := d.Sinks[0]
-	fmt.Fprintf(out, "   describe: head %d, cursor %v, pending %d, parked %d\n", d.Head, s.Cursor, s.Pending, len(s.Parked))
-	return nil
-}
-
-// syncOnce is one incremental step of a worker, spelled out: read after the
-// cursor, check the lease, send, then move the cursor, parking what the sink
-// refused and unparking what it accepted, in one fenced compare-and-set. The
-// syncer package runs this loop for real, with resyncs, backoff and wake-ups.
-func syncOnce(ctx context.Context, store *memfeed.Store, sink *memfeed.Sink, lease feed.Lease) error {
-	id := lease.ID()
-	cursor, err := store.ReadCursor(ctx, id)
-	if err != nil {
-		return err
-	}
-	batch, err := store.ReadBatch(ctx, id.Feed, cursor.Seq, 100)
-	if err != nil {
-		return err
-	}
-	step(fmt.Sprintf("   sync: read after cursor %v: %d record(s)", cursor, len(batch.Records)))
-	if len(batch.Records) == 0 {
+		lines, err := sink.Listing()
+		if err != nil {
+			return err
+		}
+		at, err := os.Readlink(sink.current())
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "   the directory serves (current -> %s):\n", at)
+		for _, l := range lines {
+			fmt.Fprintln(out, "     "+l)
+		}
+		d, err := db.store().Describe(ctx, feedName)
+		if err != nil {
+			return err
+		}
+		for _, s := range d.Sinks {
+			fmt.Fprintf(out, "   describe %s: generation %d, head %d, cursor %v, pending %d, parked %d\n", s.Sink, d.Generation, d.Head, s.Cursor, s.Pending, len(s.Parked))
+			for _, p := range s.Parked {
+				fmt.Fprintf(out, "     parked %s@%d: %s\n", p.Key, p.Seq, p.Reason)
+			}
+		}
+		fmt.Fprintln(out)
 		return nil
 	}
-	for _, r := range batch.Records {
-		if r.Deleted() {
-			fmt.Fprintf(out, "   %s@%d deleted\n", r.Key, r.Seq)
-		} else {
-			fmt.Fprintf(out, "   %s@%d %s\n", r.Key, r.Seq, r.Doc)
-		}
-	}
-	if err := lease.EnsureHeld(ctx); err != nil {
+
+	step("1. the application saves three products; each feed row commits with its table row")
+	if err := db.save(ctx, []product{{"p-1", "lamp", 30}, {"p-2", "", 12}, {"p-3", "chair", 80}}, nil); err != nil {
 		return err
 	}
-	rejected, err := sink.Apply(ctx, batch.Records)
+	if err := show(); err != nil {
+		return err
+	}
+
+	step("2. it renames p-1 and deletes p-3")
+	if err := db.save(ctx, []product{{"p-1", "desk lamp", 30}}, []string{"p-3"}); err != nil {
+		return err
+	}
+	if err := show(); err != nil {
+		return err
+	}
+
+	step("3. it gives p-2 a name: the new version is taken and p-2 is no longer parked")
+	if err := db.save(ctx, []product{{"p-2", "rug", 12}}, nil); err != nil {
+		return err
+	}
+	if err := show(); err != nil {
+		return err
+	}
+
+	step("4. the documents change shape (prices get a currency), so the feed is rebuilt from the\n   table: the runner fills a fresh directory and swaps it in")
+	withCurrency = true
+	gen, err := db.rebuild(ctx)
 	if err != nil {
 		return err
 	}
-	change := feed.ParkChange{}
-	refused := map[feed.Key]bool{}
-	for _, r := range rejected {
-		refused[r.Key] = true
-		change.Park = append(change.Park, feed.ParkedRecord{Key: r.Key, Seq: r.Seq, Reason: feed.CleanReason(r.Reason), ParkedAt: time.Now()})
-		fmt.Fprintf(out, "   the sink refused %s: parked (%s)\n", r.Key, r.Reason)
+	fmt.Fprintf(out, "   the feed is at generation %d\n", gen)
+	return show()
+}
+
+// withCurrency is the new document shape of step 4.
+var withCurrency bool
+
+// docOf is a product's feed document.
+func docOf(p product) (json.RawMessage, error) {
+	if withCurrency {
+		return json.Marshal(struct {
+			product
+			Currency string `json:"currency"`
+		}{p, "EUR"})
 	}
-	for _, r := range batch.Records {
-		if !refused[r.Key] {
-			change.Unpark = append(change.Unpark, r.Key)
+	return json.Marshal(p)
+}
+
+// changes are the feed changes of a save.
+func changes(put []product, del []string) ([]feed.Change, error) {
+	var out []feed.Change
+	for _, p := range put {
+		doc, err := docOf(p)
+		if err != nil {
+			return nil, err
 		}
+		out = append(out, feed.Put(feed.Key(p.ID), doc))
 	}
-	next := feed.Cursor{Generation: batch.Generation, Seq: batch.Records[len(batch.Records)-1].Seq}
-	if err := store.CASCursor(ctx, feed.CursorMove{ID: id, Holder: lease.Holder(), Expected: cursor, Next: next, Parked: change}); err != nil {
-		return err
+	for _, id := range del {
+		out = append(out, feed.Delete(feed.Key(id)))
 	}
-	fmt.Fprintf(out, "   cursor moved to %v\n", next)
-	return nil
+	return out, nil
 }
 
 func step(s string) { fmt.Fprintln(out, s) }
 
-// out is where the walkthrough prints; the test swaps it for a buffer.
+// out is where the quickstart prints; the test swaps it for a buffer.
 var out io.Writer = os.Stdout
