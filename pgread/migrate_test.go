@@ -106,10 +106,10 @@ func TestMigrationSQL(t *testing.T) {
 		t.Fatalf("Migrations = %+v, %v", list, err)
 	}
 	// A store and a log work on the script-made tables.
-	s, err := pgread.NewStore(pool, opts)
+	s, err := pgread.NewStore(ctx, pool, opts)
 	mustf(t, err, "NewStore")
 	mustf(t, s.Commit(ctx, keyEU, 0, 1, nil), "commit")
-	l, err := pgread.NewEventLog(pool, opts)
+	l, err := pgread.NewEventLog(ctx, pool, opts)
 	mustf(t, err, "NewEventLog")
 	if _, err := l.AppendCommitted(context.Background(), "s", pgread.NoStream, []pgread.EventData{ev("E", `{}`)}); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -67,8 +68,10 @@ type Names struct {
 }
 
 // ResolveNames applies the defaults to an empty schema or prefix and validates
-// both: the prefix must leave room for the package's longest table name within
-// PostgreSQL's identifier limit. Errors name "schema" or "table_prefix".
+// both: both follow ValidIdent, the schema must not start with "pg_" (a name
+// PostgreSQL keeps for itself; a table prefix may), and the prefix must leave
+// room for the package's longest table name within PostgreSQL's identifier
+// limit. Errors name "schema" or "table_prefix".
 func ResolveNames(schema, prefix, defaultSchema, defaultPrefix, longestTable string) (Names, error) {
 	if schema == "" {
 		schema = defaultSchema
@@ -78,6 +81,11 @@ func ResolveNames(schema, prefix, defaultSchema, defaultPrefix, longestTable str
 	}
 	if err := ValidIdent("schema", schema, MaxIdentLen); err != nil {
 		return Names{}, err
+	}
+	if strings.HasPrefix(schema, "pg_") {
+		// PostgreSQL refuses to create such a schema (42939), but only once a
+		// migration runs; refusing it here names the field instead.
+		return Names{}, feed.Invalid("schema", "starts with \"pg_\", which PostgreSQL reserves for its system schemas")
 	}
 	if err := ValidIdent("table_prefix", prefix, MaxIdentLen-len(longestTable)); err != nil {
 		return Names{}, err
