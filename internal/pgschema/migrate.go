@@ -167,7 +167,11 @@ func (m Migrations) bootstrap() string {
 	for _, o := range legacyOwners {
 		fmt.Fprintf(&owners, " WHEN '%s' THEN '%s'", o.name, o.pkg)
 	}
-	return fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s;
+	return fmt.Sprintf(`-- Migrators of this schema, of every Kairos package, serialise on this
+-- lock to the end of the transaction: run the script as one (a single
+-- simple-protocol Exec, or psql --single-transaction).
+SELECT pg_advisory_xact_lock(%[4]d);
+CREATE SCHEMA IF NOT EXISTS %[1]s;
 CREATE TABLE IF NOT EXISTS %[2]s (
     package    text NOT NULL,
     version    integer NOT NULL CHECK (version >= 1),
@@ -175,9 +179,9 @@ CREATE TABLE IF NOT EXISTS %[2]s (
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (package, version)
 );
--- A version table without the package column is upgraded in place, once:
--- the lock is taken only while the column is missing, and the column looked
--- for again once it is held.
+-- A version table without the package column is upgraded in place, once,
+-- even by scripts run statement by statement: the table's lock is taken only
+-- while the column is missing, and the column looked for again once held.
 DO $upgrade$
 DECLARE
     pk    name;
@@ -203,7 +207,7 @@ BEGIN
     ALTER TABLE %[2]s ALTER COLUMN package SET NOT NULL, ADD PRIMARY KEY (package, version);
 END
 $upgrade$;
-`, Quote(m.Schema), m.versions(), owners.String())
+`, Quote(m.Schema), m.versions(), owners.String(), schemaLockKey(m.Schema))
 }
 
 // record is the statement a printed script records step s with.

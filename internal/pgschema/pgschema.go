@@ -55,12 +55,16 @@ func LockKey(namespace string, parts ...string) int64 {
 
 // LockSchema takes, for tx's length, the lock every Kairos migrator of schema
 // takes first. Without it, two packages migrating one new schema at once race
-// on CREATE SCHEMA IF NOT EXISTS, which is not safe under concurrency in
-// PostgreSQL (the loser fails with a unique violation on pg_namespace).
+// on CREATE SCHEMA IF NOT EXISTS (and CREATE TABLE IF NOT EXISTS), which is
+// not safe under concurrency in PostgreSQL (the loser fails with a unique
+// violation on pg_namespace), and on the version table they may share.
 func LockSchema(ctx context.Context, tx pgx.Tx, schema string) error {
-	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, LockKey("kairos/schema", schema))
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, schemaLockKey(schema))
 	return err
 }
+
+// schemaLockKey is LockSchema's key, which the printed scripts take too.
+func schemaLockKey(schema string) int64 { return LockKey("kairos/schema", schema) }
 
 // Names are a package's validated schema and table prefix.
 type Names struct {
