@@ -22,8 +22,8 @@ import (
 // A test-only package with two steps; build1 embeds the first only, as the
 // build before the one that added the second would.
 var (
-	step1 = &fstest.MapFile{Data: []byte(`CREATE TABLE IF NOT EXISTS {{table "one"}} (id int PRIMARY KEY);`)}
-	step2 = &fstest.MapFile{Data: []byte(`CREATE TABLE IF NOT EXISTS {{table "two"}} (id int PRIMARY KEY);`)}
+	step1  = &fstest.MapFile{Data: []byte(`CREATE TABLE IF NOT EXISTS {{table "one"}} (id int PRIMARY KEY);`)}
+	step2  = &fstest.MapFile{Data: []byte(`CREATE TABLE IF NOT EXISTS {{table "two"}} (id int PRIMARY KEY);`)}
 	build1 = fstest.MapFS{"m/0001_one.sql": step1}
 	build2 = fstest.MapFS{"m/0001_one.sql": step1, "m/0002_two.sql": step2}
 )
