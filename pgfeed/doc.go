@@ -44,9 +44,9 @@
 // a missing-table error at the first write. A schema at a higher version than
 // the build is accepted on purpose: in a rolling deploy, processes still on
 // the old build run beside the schema the first new one migrated, and they
-// keep working because migrations only add (tables, indexes, columns that
-// are nullable or have a default) and never take away what an earlier build
-// uses; a change that cannot be additive is spread over two releases.
+// keep working because migrations only add, never take away or change what
+// an earlier build uses (the rule every step keeps; internal/pgschema's
+// Migrations states it).
 //
 // # Commit order
 //
