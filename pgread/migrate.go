@@ -61,3 +61,20 @@ func Migrate(ctx context.Context, db DBTX, opts Options) ([]int, error) {
 	}
 	return n.migrations().Apply(ctx, db)
 }
+
+// newNames is the constructors' shared start: db and opts are validated,
+// then db is checked to answer and to hold the tables this build needs
+// (pgschema.Migrations.Check; its errors are pgfeed's).
+func newNames(ctx context.Context, db DBTX, opts Options) (names, error) {
+	if db == nil {
+		return names{}, feed.Invalid("db", "must not be nil")
+	}
+	n, err := resolveNames(opts)
+	if err != nil {
+		return names{}, err
+	}
+	if err := n.migrations().Check(ctx, db); err != nil {
+		return names{}, err
+	}
+	return n, nil
+}

@@ -1,9 +1,6 @@
 package pgread
 
 import (
-	"context"
-
-	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgschema"
 	"github.com/kairos-es/kairos/pgfeed"
 )
@@ -63,21 +60,4 @@ func resolveNames(o Options) (names, error) {
 		streams:     t("streams"),
 		events:      t("events"),
 	}, nil
-}
-
-// newNames is the constructors' shared start: db and opts are validated,
-// then db is checked to answer and to hold the tables this build needs
-// (pgschema.Migrations.Check; its errors are pgfeed's).
-func newNames(ctx context.Context, db DBTX, opts Options) (names, error) {
-	if db == nil {
-		return names{}, feed.Invalid("db", "must not be nil")
-	}
-	n, err := resolveNames(opts)
-	if err != nil {
-		return names{}, err
-	}
-	if err := n.migrations().Check(ctx, db); err != nil {
-		return names{}, err
-	}
-	return n, nil
 }
