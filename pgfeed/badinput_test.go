@@ -43,6 +43,7 @@ func TestBadIdentifiers(t *testing.T) {
 		{"space", "kai ros", "", "schema"},
 		{"non-ASCII", "kaïros", "", "schema"},
 		{"64-byte schema", long, "", "schema"},
+		{"schema reserved by PostgreSQL", "pg_kairos", "", "schema"},
 		{"quote in prefix", "", `feed"_`, "table_prefix"},
 		{"semicolon in prefix", "", "f;", "table_prefix"},
 		{"dot in prefix", "", "f.", "table_prefix"},
@@ -72,8 +73,14 @@ func TestBadIdentifiers(t *testing.T) {
 	if _, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: prefix}); err != nil {
 		t.Fatalf("Migrate with a %d-byte prefix: %v", len(prefix), err)
 	}
-	if _, err := pgfeed.New(t.Context(), pool, pgfeed.Options{Schema: strings.Repeat("s", 63), TablePrefix: prefix}); err != nil {
-		t.Fatalf("New with a 63-byte schema: %v", err)
+	if s, err := pgfeed.New(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: prefix}); err != nil {
+		t.Fatalf("New with a %d-byte prefix: %v", len(prefix), err)
+	} else {
+		s.Close()
+	}
+	// A 63-byte schema passes the rule: New goes on to find it unmigrated.
+	if _, err := pgfeed.New(t.Context(), pool, pgfeed.Options{Schema: strings.Repeat("s", 63), TablePrefix: prefix}); !errors.Is(err, pgfeed.ErrNotMigrated) {
+		t.Fatalf("New with a 63-byte schema: %v; want ErrNotMigrated, the names accepted", err)
 	}
 }
 

@@ -21,10 +21,32 @@
 //
 // Names are validated (^[a-z_][a-z0-9_]*$, within PostgreSQL's 63 bytes with
 // the table name added), always quoted and schema-qualified, never taken from
-// search_path. Migrations are embedded and versioned, each step idempotent, and
-// run in one transaction under an advisory transaction lock, so processes that
-// migrate at once serialise. Teams with their own migration tool take the SQL
-// from MigrationSQL or Migrations.
+// search_path; a schema must not start with "pg_", which PostgreSQL keeps
+// for itself. Migrations are embedded and versioned, each step idempotent, and
+// run in one transaction under an advisory transaction lock on the schema, so
+// processes that migrate at once, of this package or pgread, serialise. Teams
+// with their own migration tool take the SQL from MigrationSQL or Migrations;
+// each step there records itself as Migrate does.
+//
+// # Versions
+//
+// The steps applied are recorded in <prefix>migrations, one row per
+// (package, version). pgread may be given the same schema and prefix: its
+// tables have other names, and its versions sit beside pgfeed's in that
+// table, kept apart by the package column. A version table of the shape
+// earlier builds wrote (no package column, where one package's version 1
+// made the other skip its own) is upgraded in place by the next Migrate, of
+// either package, or by the printed scripts.
+//
+// New checks that the database answers and that the schema records at least
+// the version this build needs (the highest it embeds): otherwise it fails
+// with a *NotMigratedError that says found, need and what to run, instead of
+// a missing-table error at the first write. A schema at a higher version than
+// the build is accepted on purpose: in a rolling deploy, processes still on
+// the old build run beside the schema the first new one migrated, and they
+// keep working because migrations only add, never take away or change what
+// an earlier build uses (the rule every step keeps; internal/pgschema's
+// Migrations states it).
 //
 // # Commit order
 //
@@ -102,5 +124,10 @@
 // Caller mistakes are *feed.InvalidError, returned before any statement runs.
 // Infrastructure faults are *feed.UnreadableError on reads and
 // *feed.WriteFailedError on writes, wrapping the pgx error; the sync driver
-// backs off and tries again. No error repeats a connection string.
+// backs off and tries again. A database New cannot reach is an
+// *feed.UnreadableError too. The schema's state has its own category, shared
+// with pgread: ErrNotMigrated (*NotMigratedError) from the constructors and
+// ErrMigrationFailed (*MigrationFailedError) from Migrate, which is not
+// retried like a write and leaves the schema as it was. No error repeats a
+// connection string.
 package pgfeed

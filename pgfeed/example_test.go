@@ -16,13 +16,19 @@ func ExampleMigrations() {
 		fmt.Println(err)
 		return
 	}
+	// Each step is a script of its own that also creates the version table
+	// (and records itself there, so that New sees it ran).
 	for _, m := range steps {
-		first, _, _ := strings.Cut(strings.TrimSpace(m.SQL[strings.Index(m.SQL, "CREATE TABLE"):]), "(")
-		fmt.Println(m.Version, m.Name, "-", strings.TrimSpace(first))
+		var tables []string
+		for _, part := range strings.Split(m.SQL, "CREATE TABLE IF NOT EXISTS ")[1:] {
+			name, _, _ := strings.Cut(part, " ")
+			tables = append(tables, name)
+		}
+		fmt.Println(m.Package, m.Version, m.Name, "-", strings.Join(tables, " "))
 	}
 	_, err = pgfeed.Migrations(pgfeed.Options{Schema: "App"})
 	fmt.Println(err)
 	// Output:
-	// 1 0001_feed - CREATE TABLE IF NOT EXISTS "app"."outbox_generations"
+	// pgfeed 1 0001_feed - "app"."outbox_migrations" "app"."outbox_generations" "app"."outbox_rows" "app"."outbox_cursors" "app"."outbox_parked"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

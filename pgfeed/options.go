@@ -36,13 +36,14 @@ type DBTX interface {
 
 // Options configure a Store. The zero value is valid and means all defaults.
 type Options struct {
-	// Schema holds the tables. It must match ^[a-z_][a-z0-9_]*$ and fit
-	// PostgreSQL's 63-byte identifier limit; it is always quoted. Defaults to
-	// DefaultSchema.
+	// Schema holds the tables. It must match ^[a-z_][a-z0-9_]*$, fit
+	// PostgreSQL's 63-byte identifier limit and not start with "pg_" (which
+	// PostgreSQL reserves); it is always quoted. Defaults to DefaultSchema.
 	Schema string
 	// TablePrefix starts every table's name, so several independent sets of
 	// feeds can share a schema. Same rule as Schema, and prefix plus the
-	// longest table name ("generations") must fit 63 bytes. Defaults to
+	// longest table name ("generations") must fit 63 bytes. pgread's tables
+	// may share it (see # Versions in the package doc). Defaults to
 	// DefaultTablePrefix.
 	TablePrefix string
 	// Lease holds the lease-row timings (see feed.LeaseOptions). Zero fields

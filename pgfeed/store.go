@@ -17,7 +17,8 @@ import (
 
 // Store is the Postgres feed and sync store for every feed under one schema
 // and table prefix. It implements feed.Writer[pgx.Tx], feed.Reader and
-// feed.SyncStore and is safe for concurrent use. Migrate must have run.
+// feed.SyncStore and is safe for concurrent use. Migrate must have run; New
+// checks that it did.
 type Store struct {
 	db     DBTX
 	names  names
@@ -42,9 +43,15 @@ var (
 )
 
 // New returns a store over db, or an *feed.InvalidError naming the option
-// that is wrong. With Options.AdvisoryLock set it also checks that pool: a
-// pool recognisably behind a transaction pooler is refused (see
-// checkSessionPool), which needs one round trip, bounded by ctx.
+// that is wrong. It then checks, in two short statements bounded by ctx,
+// that db answers and that the schema is migrated to the version this build
+// needs (see the package doc's # Schema): a database that cannot be reached
+// is an *feed.UnreadableError, a schema behind a *NotMigratedError, so a
+// missing Migrate shows at startup rather than at the first write. The
+// check writes nothing and raises no error on a missing table, so a pgx.Tx
+// given as db stays usable whatever it finds. With Options.AdvisoryLock set
+// it also checks that pool: a pool recognisably behind a transaction pooler
+// is refused (see checkSessionPool), which needs one more round trip.
 func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, feed.Invalid("db", "must not be nil")
@@ -55,6 +62,9 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 	}
 	lease, err := opts.Lease.Resolve("lease")
 	if err != nil {
+		return nil, err
+	}
+	if err := n.migrations().Check(ctx, db); err != nil {
 		return nil, err
 	}
 	if opts.Clock == nil {

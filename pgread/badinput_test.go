@@ -33,24 +33,26 @@ func TestOptionsRefused(t *testing.T) {
 		{"digit first", pgread.Options{TablePrefix: "1x"}, "table_prefix"},
 		{"prefix too long for its tables", pgread.Options{TablePrefix: strings.Repeat("p", 63-len("checkpoints")+1)}, "table_prefix"},
 		{"semicolon", pgread.Options{TablePrefix: "x;drop"}, "table_prefix"},
+		{"schema reserved by PostgreSQL", pgread.Options{Schema: "pg_kairos"}, "schema"},
 	} {
-		_, err := pgread.NewStore(nopDB{}, tc.opts)
+		_, err := pgread.NewStore(context.Background(), nopDB{}, tc.opts)
 		wantField(t, tc.name+" (store)", err, tc.field)
-		_, err = pgread.NewEventLog(nopDB{}, tc.opts)
+		_, err = pgread.NewEventLog(context.Background(), nopDB{}, tc.opts)
 		wantField(t, tc.name+" (log)", err, tc.field)
 		_, err = pgread.Migrate(context.Background(), nopDB{}, tc.opts)
 		wantField(t, tc.name+" (migrate)", err, tc.field)
 		_, err = pgread.MigrationSQL(tc.opts)
 		wantField(t, tc.name+" (sql)", err, tc.field)
 	}
-	_, err := pgread.NewStore(nil, pgread.Options{})
+	_, err := pgread.NewStore(context.Background(), nil, pgread.Options{})
 	wantField(t, "nil db", err, "db")
-	_, err = pgread.NewEventLog(nil, pgread.Options{})
+	_, err = pgread.NewEventLog(context.Background(), nil, pgread.Options{})
 	wantField(t, "nil db", err, "db")
 	_, err = pgread.Migrate(context.Background(), nil, pgread.Options{})
 	wantField(t, "nil db", err, "db")
-	// The longest prefix that fits is accepted.
-	if _, err := pgread.NewStore(nopDB{}, pgread.Options{TablePrefix: strings.Repeat("p", 63-len("checkpoints"))}); err != nil {
+	// The longest prefix that fits is accepted (the constructors, which
+	// share the rule, would go on to ask nopDB whether it is migrated).
+	if _, err := pgread.MigrationSQL(pgread.Options{TablePrefix: strings.Repeat("p", 63-len("checkpoints"))}); err != nil {
 		t.Errorf("longest prefix refused: %v", err)
 	}
 }

@@ -19,9 +19,14 @@
 // Names follow pgfeed's rule (^[a-z_][a-z0-9_]*$, within PostgreSQL's 63
 // bytes with the table name added), are always quoted and schema-qualified,
 // never taken from search_path. Migrations are embedded and versioned, each
-// step idempotent, and run in one transaction under an advisory transaction
-// lock of their own, so processes that migrate at once serialise. Teams with
-// their own migration tool take the SQL from MigrationSQL or Migrations.
+// step idempotent, and run in one transaction under the advisory transaction
+// lock on the schema pgfeed's take too, so processes that migrate at once
+// serialise. Teams with their own migration tool take the SQL from
+// MigrationSQL or Migrations. The prefix may be pgfeed's own: the two share
+// the version table then, their versions kept apart by package. NewStore and
+// NewEventLog check that the schema is migrated, as pgfeed.New does; pgfeed's
+// package doc (# Versions) says how, and why a schema newer than the build
+// is accepted.
 //
 // # Commits
 //
@@ -55,5 +60,7 @@
 // guard is a *read.CheckpointSupersededError; an append that finds its stream
 // at another version, a *VersionConflictError; a feed bound to another
 // checkpoint, a *FeedBoundError. An apply's or a clear function's own error is
-// returned unchanged.
+// returned unchanged. The schema's state uses pgfeed's errors: a
+// *pgfeed.NotMigratedError from the constructors, a
+// *pgfeed.MigrationFailedError from Migrate.
 package pgread

@@ -133,12 +133,9 @@ SELECT version FROM s`
 }
 
 // NewEventLog returns an event log over db, or an *feed.InvalidError naming
-// what is wrong.
-func NewEventLog(db DBTX, opts Options) (*EventLog, error) {
-	if db == nil {
-		return nil, feed.Invalid("db", "must not be nil")
-	}
-	n, err := resolveNames(opts)
+// what is wrong; it checks db and the tables as NewStore does.
+func NewEventLog(ctx context.Context, db DBTX, opts Options) (*EventLog, error) {
+	n, err := newNames(ctx, db, opts)
 	if err != nil {
 		return nil, err
 	}

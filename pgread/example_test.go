@@ -56,8 +56,8 @@ func Example_rebuild() {
 
 	feeds, _ := pgfeed.New(ctx, pool, pgfeed.Options{Schema: schema})
 	defer feeds.Close()
-	store, _ := pgread.NewStore(pool, pgread.Options{Schema: schema})
-	events, _ := pgread.NewEventLog(pool, pgread.Options{Schema: schema})
+	store, _ := pgread.NewStore(ctx, pool, pgread.Options{Schema: schema})
+	events, _ := pgread.NewEventLog(ctx, pool, pgread.Options{Schema: schema})
 	key := read.CheckpointKey{Projection: "products"}
 	const products = feed.FeedName("products")
 	bound, err := pgread.WithFeed(ctx, store, feeds, products, key)

@@ -63,7 +63,7 @@ func setupURL(t *testing.T, url string, mode pgx.QueryExecMode) env {
 
 func newStore(t *testing.T, db pgread.DBTX, schema string) *pgread.Store {
 	t.Helper()
-	s, err := pgread.NewStore(db, pgread.Options{Schema: schema})
+	s, err := pgread.NewStore(t.Context(), db, pgread.Options{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func newStore(t *testing.T, db pgread.DBTX, schema string) *pgread.Store {
 
 func newLog(t *testing.T, db pgread.DBTX, schema string) *pgread.EventLog {
 	t.Helper()
-	l, err := pgread.NewEventLog(db, pgread.Options{Schema: schema})
+	l, err := pgread.NewEventLog(t.Context(), db, pgread.Options{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,22 +11,21 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// Migration is one versioned step of the schema, as SQL with every name
-// already filled in.
+// Migration is one versioned step of the schema; see pgfeed.Migration.
 type Migration = pgschema.Migration
 
-// migrations is this package's set under n's schema and prefix, with an
-// advisory key of its own namespace, so it never meets pgfeed's keys.
+// migrations is this package's set under n's schema and prefix.
 func (n names) migrations() pgschema.Migrations {
 	return pgschema.Migrations{
 		Package: "pgread", Files: migrationFiles, Dir: "migrations",
-		Schema: n.schema, Prefix: n.prefix, Lock: pgschema.LockKey("kairos/read", "migrate", n.schema, n.prefix),
+		Schema: n.schema, Prefix: n.prefix,
 	}
 }
 
 // Migrations returns the schema's migrations for opts' schema and prefix, in
-// version order, for teams that apply SQL with their own migration tool. Each
-// step is idempotent. Migrate applies the same SQL.
+// version order, for teams that apply SQL with their own migration tool.
+// Each is one script that records itself in the version table the
+// constructors check, and is idempotent. Migrate applies the same steps.
 func Migrations(opts Options) ([]Migration, error) {
 	n, err := resolveNames(opts)
 	if err != nil {
@@ -35,8 +34,9 @@ func Migrations(opts Options) ([]Migration, error) {
 	return n.migrations().List()
 }
 
-// MigrationSQL is the whole schema as one script (schema, version table and
-// every migration), for review or for a migration tool of the team's own.
+// MigrationSQL is the whole schema as one idempotent script (schema, version
+// table, every migration and its version row), for review or for a
+// migration tool of the team's own.
 func MigrationSQL(opts Options) (string, error) {
 	n, err := resolveNames(opts)
 	if err != nil {
@@ -47,9 +47,10 @@ func MigrationSQL(opts Options) (string, error) {
 
 // Migrate brings the tables for opts' schema and prefix up to date, in one
 // transaction, and returns the versions it applied. Processes that migrate at
-// once, of this package or of pgfeed on the same schema, serialise on advisory
-// transaction locks (see pgschema.Migrations.Apply) and the later ones find
-// nothing left to do. It works through a transaction pooler.
+// once, of this package or of pgfeed on the same schema, serialise on a
+// schema-wide advisory transaction lock, and the later ones find nothing
+// left to do. It works through a transaction pooler. A failure is a
+// *pgfeed.MigrationFailedError (matching pgfeed.ErrMigrationFailed).
 func Migrate(ctx context.Context, db DBTX, opts Options) ([]int, error) {
 	if db == nil {
 		return nil, feed.Invalid("db", "must not be nil")
@@ -58,9 +59,22 @@ func Migrate(ctx context.Context, db DBTX, opts Options) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	applied, err := n.migrations().Apply(ctx, db)
-	if err != nil {
-		return nil, feed.WriteFailed("migrating schema "+n.schema, err)
+	return n.migrations().Apply(ctx, db)
+}
+
+// newNames is the constructors' shared start: db and opts are validated,
+// then db is checked to answer and to hold the tables this build needs
+// (pgschema.Migrations.Check; its errors are pgfeed's).
+func newNames(ctx context.Context, db DBTX, opts Options) (names, error) {
+	if db == nil {
+		return names{}, feed.Invalid("db", "must not be nil")
 	}
-	return applied, nil
+	n, err := resolveNames(opts)
+	if err != nil {
+		return names{}, err
+	}
+	if err := n.migrations().Check(ctx, db); err != nil {
+		return names{}, err
+	}
+	return n, nil
 }

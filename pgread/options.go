@@ -25,13 +25,15 @@ type DBTX = pgfeed.DBTX
 // Options name the tables of a Store and an EventLog. The zero value is valid
 // and means all defaults.
 type Options struct {
-	// Schema holds the tables. It must match ^[a-z_][a-z0-9_]*$ and fit
-	// PostgreSQL's 63-byte identifier limit; it is always quoted. Defaults to
-	// DefaultSchema.
+	// Schema holds the tables. It must match ^[a-z_][a-z0-9_]*$, fit
+	// PostgreSQL's 63-byte identifier limit and not start with "pg_" (which
+	// PostgreSQL reserves); it is always quoted. Defaults to DefaultSchema.
 	Schema string
 	// TablePrefix starts every table's name, so several read sides can share
 	// a schema. Same rule as Schema, and prefix plus the longest table name
-	// ("checkpoints") must fit 63 bytes. Defaults to DefaultTablePrefix.
+	// ("checkpoints") must fit 63 bytes. It may be pgfeed's prefix too: the
+	// table names differ, and the shared version table keeps the packages'
+	// versions apart. Defaults to DefaultTablePrefix.
 	TablePrefix string
 }
 

@@ -56,12 +56,11 @@ WHERE projection = $1::text AND partition = $2::text AND position = $3::bigint R
 }
 
 // NewStore returns a store over db, or an *feed.InvalidError naming what is
-// wrong.
-func NewStore(db DBTX, opts Options) (*Store, error) {
-	if db == nil {
-		return nil, feed.Invalid("db", "must not be nil")
-	}
-	n, err := resolveNames(opts)
+// wrong. Like pgfeed.New, it then checks, bounded by ctx, that db answers
+// (else an *feed.UnreadableError) and that the tables are migrated to the
+// version this build needs (else a *pgfeed.NotMigratedError).
+func NewStore(ctx context.Context, db DBTX, opts Options) (*Store, error) {
+	n, err := newNames(ctx, db, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -54,12 +55,16 @@ func LockKey(namespace string, parts ...string) int64 {
 
 // LockSchema takes, for tx's length, the lock every Kairos migrator of schema
 // takes first. Without it, two packages migrating one new schema at once race
-// on CREATE SCHEMA IF NOT EXISTS, which is not safe under concurrency in
-// PostgreSQL (the loser fails with a unique violation on pg_namespace).
+// on CREATE SCHEMA IF NOT EXISTS (and CREATE TABLE IF NOT EXISTS), which is
+// not safe under concurrency in PostgreSQL (the loser fails with a unique
+// violation on pg_namespace), and on the version table they may share.
 func LockSchema(ctx context.Context, tx pgx.Tx, schema string) error {
-	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, LockKey("kairos/schema", schema))
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, schemaLockKey(schema))
 	return err
 }
+
+// schemaLockKey is LockSchema's key, which the printed scripts take too.
+func schemaLockKey(schema string) int64 { return LockKey("kairos/schema", schema) }
 
 // Names are a package's validated schema and table prefix.
 type Names struct {
@@ -67,8 +72,10 @@ type Names struct {
 }
 
 // ResolveNames applies the defaults to an empty schema or prefix and validates
-// both: the prefix must leave room for the package's longest table name within
-// PostgreSQL's identifier limit. Errors name "schema" or "table_prefix".
+// both: both follow ValidIdent, the schema must not start with "pg_" (a name
+// PostgreSQL keeps for itself; a table prefix may), and the prefix must leave
+// room for the package's longest table name within PostgreSQL's identifier
+// limit. Errors name "schema" or "table_prefix".
 func ResolveNames(schema, prefix, defaultSchema, defaultPrefix, longestTable string) (Names, error) {
 	if schema == "" {
 		schema = defaultSchema
@@ -78,6 +85,11 @@ func ResolveNames(schema, prefix, defaultSchema, defaultPrefix, longestTable str
 	}
 	if err := ValidIdent("schema", schema, MaxIdentLen); err != nil {
 		return Names{}, err
+	}
+	if strings.HasPrefix(schema, "pg_") {
+		// PostgreSQL refuses to create such a schema (42939), but only once a
+		// migration runs; refusing it here names the field instead.
+		return Names{}, feed.Invalid("schema", "starts with \"pg_\", which PostgreSQL reserves for its system schemas")
 	}
 	if err := ValidIdent("table_prefix", prefix, MaxIdentLen-len(longestTable)); err != nil {
 		return Names{}, err
