@@ -201,30 +201,24 @@ func TestInFlightCommitAndReset(t *testing.T) {
 			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
 			mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
 
-			inReset, release := make(chan int32), make(chan struct{})
+			g := newGate(t)
 			resetDone := make(chan error, 1)
 			go func() {
 				_, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
 					if _, err := tx.Exec(ctx, `DELETE FROM `+e.view); err != nil {
 						return err
 					}
-					pid, err := backendPID(ctx, tx)
-					if err != nil {
-						return err
-					}
-					inReset <- pid
-					<-release
-					return nil
+					return g.park(ctx, tx)
 				})
 				resetDone <- err
 			}()
-			resetPID := <-inReset
+			resetPID := g.parked(t)
 			commitDone := make(chan error, 1)
 			go func() { commitDone <- c.Commit(ctx, keyEU, 5, 9, e.putView(orders, "b", `{"v":2}`)) }()
 			waitBlockedBy(t, e.pool, resetPID) // the commit queued on the feed lock
-			close(release)
-			mustf(t, <-resetDone, "reset")
-			err := <-commitDone
+			g.release()
+			mustf(t, recv(t, resetDone, "the reset"), "reset")
+			err := recv(t, commitDone, "the commit queued behind the reset")
 			var sup *read.CheckpointSupersededError
 			if !errors.As(err, &sup) || sup.Actual != read.Origin {
 				t.Fatalf("commit in flight across the reset: err = %v, want superseded at Origin", err)
@@ -248,29 +242,23 @@ func TestInFlightCommitAndReset(t *testing.T) {
 			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
 			mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
 
-			inCommit, release := make(chan int32), make(chan struct{})
+			g := newGate(t)
 			commitDone := make(chan error, 1)
 			go func() {
 				commitDone <- c.Commit(ctx, keyEU, 5, 9, func(ctx context.Context, tx pgx.Tx) error {
 					if err := e.putView(orders, "b", `{"v":2}`)(ctx, tx); err != nil {
 						return err
 					}
-					pid, err := backendPID(ctx, tx)
-					if err != nil {
-						return err
-					}
-					inCommit <- pid
-					<-release
-					return nil
+					return g.park(ctx, tx)
 				})
 			}()
-			commitPID := <-inCommit
+			commitPID := g.parked(t)
 			resetDone := make(chan error, 1)
 			go func() { resetDone <- fs.ResetCheckpoint(ctx, keyEU) }()
 			waitBlockedBy(t, e.pool, commitPID) // the reset queued on the feed lock
-			close(release)
-			mustf(t, <-commitDone, "the commit that held the feed lock")
-			mustf(t, <-resetDone, "reset")
+			g.release()
+			mustf(t, recv(t, commitDone, "the commit that held the feed lock"), "the commit that held the feed lock")
+			mustf(t, recv(t, resetDone, "the reset queued behind the commit"), "reset")
 			b := e.feedRows(t, orders)
 			if b.Generation != 2 || len(b.Records) != 0 {
 				t.Fatalf("feed after the reset: %+v, want generation 2 and no rows", b)
@@ -310,7 +298,7 @@ func raceCommitReset(t *testing.T, e env, rounds int) {
 		go func() { <-start; commitDone <- c.s.Commit(ctx, keyEU, 1, 2, apply) }()
 		go func() { <-start; resetDone <- fs.ResetCheckpoint(ctx, keyEU) }()
 		close(start)
-		cerr, rerr := <-commitDone, <-resetDone
+		cerr, rerr := recv(t, commitDone, "the racing commit"), recv(t, resetDone, "the racing reset")
 		if rerr != nil {
 			t.Fatalf("iteration %d (%s): reset: %v", i, c.name, rerr)
 		}
