@@ -127,14 +127,19 @@ func (e env) feedRows(t *testing.T, f feed.FeedName) feed.Batch {
 	return b
 }
 
-// checkpoint reads key's position, failing the test on an error.
-func checkpoint(t *testing.T, s read.ProjectionStore[pgx.Tx], key read.CheckpointKey) read.Position {
+// checkpoint reads key's checkpoint, failing the test on an error.
+func checkpoint(t *testing.T, s read.ProjectionStore[pgx.Tx], key read.CheckpointKey) read.Checkpoint {
 	t.Helper()
 	at, err := s.ReadCheckpoint(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return at
+}
+
+// ckpt is the checkpoint at position p in epoch epoch.
+func ckpt(p read.Position, epoch int64) read.Checkpoint {
+	return read.Checkpoint{Position: p, Epoch: epoch}
 }
 
 // putView is an apply that writes key=doc to the view and the feed.

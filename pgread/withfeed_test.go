@@ -34,10 +34,10 @@ func withFeed(t *testing.T, e env, f feed.FeedName, key read.CheckpointKey) *pgr
 type memTx struct{ m *read.MemoryStore }
 
 func (s memTx) Durability() read.Durability { return s.m.Durability() }
-func (s memTx) ReadCheckpoint(ctx context.Context, k read.CheckpointKey) (read.Position, error) {
+func (s memTx) ReadCheckpoint(ctx context.Context, k read.CheckpointKey) (read.Checkpoint, error) {
 	return s.m.ReadCheckpoint(ctx, k)
 }
-func (s memTx) Commit(ctx context.Context, k read.CheckpointKey, exp, next read.Position, apply func(context.Context, pgx.Tx) error) error {
+func (s memTx) Commit(ctx context.Context, k read.CheckpointKey, exp read.Checkpoint, next read.Position, apply func(context.Context, pgx.Tx) error) error {
 	return s.m.Commit(ctx, k, exp, next, func(ctx context.Context, _ read.NoTx) error { return apply(ctx, nil) })
 }
 func (s memTx) ResetCheckpoint(ctx context.Context, k read.CheckpointKey) error {
@@ -52,7 +52,7 @@ func TestWithFeedBindingAcrossProcesses(t *testing.T) {
 	e := setup(t)
 	ctx := ctxFor(t, 30*time.Second)
 	// A feed written before it is bound keeps its rows and generation.
-	mustf(t, e.store.Commit(ctx, keyEU, 0, 1, e.putView(orders, "o1", `{"n":1}`)), "commit")
+	mustf(t, e.store.Commit(ctx, keyEU, ckpt(0, 0), 1, e.putView(orders, "o1", `{"n":1}`)), "commit")
 	withFeed(t, e, orders, keyEU)
 	withFeed(t, e, orders, keyEU) // the same key again is fine
 
@@ -124,21 +124,21 @@ func TestResetOtherKeysUntouched(t *testing.T) {
 	e := setup(t)
 	ctx := ctxFor(t, 30*time.Second)
 	fs := withFeed(t, e, orders, keyEU)
-	mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "eu1", `{"n":1}`)), "commit eu")
-	mustf(t, fs.Commit(ctx, keyUS, 0, 7, nil), "commit us")
+	mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "eu1", `{"n":1}`)), "commit eu")
+	mustf(t, fs.Commit(ctx, keyUS, ckpt(0, 0), 7, nil), "commit us")
 
 	mustf(t, fs.ResetCheckpoint(ctx, keyUS), "reset us")
-	if at := checkpoint(t, fs, keyUS); at != read.Origin {
-		t.Fatalf("us at %d after its reset", at)
+	if at := checkpoint(t, fs, keyUS); at != ckpt(0, 1) {
+		t.Fatalf("us at %v after its reset", at)
 	}
-	if at := checkpoint(t, fs, keyEU); at != 5 {
-		t.Fatalf("eu moved to %d by another key's reset", at)
+	if at := checkpoint(t, fs, keyEU); at != ckpt(5, 0) {
+		t.Fatalf("eu moved to %v by another key's reset", at)
 	}
 	if b := e.feedRows(t, orders); b.Generation != 1 || len(b.Records) != 1 {
 		t.Fatalf("another key's reset touched the feed: %+v", b)
 	}
 
-	mustf(t, fs.Commit(ctx, keyUS, 0, 3, nil), "commit us again")
+	mustf(t, fs.Commit(ctx, keyUS, ckpt(0, 1), 3, nil), "commit us again")
 	gen, err := fs.Rebuild(ctx, nil)
 	mustf(t, err, "rebuild")
 	if gen != 2 {
@@ -147,18 +147,18 @@ func TestResetOtherKeysUntouched(t *testing.T) {
 	if b := e.feedRows(t, orders); b.Generation != 2 || len(b.Records) != 0 {
 		t.Fatalf("the bound key's reset left the feed at %+v", b)
 	}
-	if at := checkpoint(t, fs, keyEU); at != read.Origin {
-		t.Fatalf("eu at %d after its reset", at)
+	if at := checkpoint(t, fs, keyEU); at != ckpt(0, 1) {
+		t.Fatalf("eu at %v after its reset", at)
 	}
-	if at := checkpoint(t, fs, keyUS); at != 3 {
-		t.Fatalf("us moved to %d by the bound key's reset", at)
+	if at := checkpoint(t, fs, keyUS); at != ckpt(3, 1) {
+		t.Fatalf("us moved to %v by the bound key's reset", at)
 	}
 	// The view is the caller's: a plain reset leaves it.
 	if v := e.viewRows(t); len(v) != 1 {
 		t.Fatalf("view after reset: %v", v)
 	}
 	// A clear function that fails rolls the whole rebuild back.
-	mustf(t, fs.Commit(ctx, keyEU, 0, 2, e.putView(orders, "eu2", `{"n":2}`)), "commit eu")
+	mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 1), 2, e.putView(orders, "eu2", `{"n":2}`)), "commit eu")
 	boom := errors.New("clear failed")
 	if _, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM `+e.view); err != nil {
@@ -168,7 +168,7 @@ func TestResetOtherKeysUntouched(t *testing.T) {
 	}); !errors.Is(err, boom) {
 		t.Fatalf("Rebuild with a failing clear: %v", err)
 	}
-	if b := e.feedRows(t, orders); b.Generation != 2 || len(b.Records) != 1 || checkpoint(t, fs, keyEU) != 2 || len(e.viewRows(t)) != 2 {
+	if b := e.feedRows(t, orders); b.Generation != 2 || len(b.Records) != 1 || checkpoint(t, fs, keyEU) != ckpt(2, 1) || len(e.viewRows(t)) != 2 {
 		t.Fatalf("a failed rebuild left something behind: feed %+v", b)
 	}
 }
@@ -199,7 +199,7 @@ func TestInFlightCommitAndReset(t *testing.T) {
 			ctx := ctxFor(t, 60*time.Second)
 			fs := withFeed(t, e, orders, keyEU)
 			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
-			mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
+			mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
 
 			g := newGate(t)
 			resetDone := make(chan error, 1)
@@ -214,14 +214,14 @@ func TestInFlightCommitAndReset(t *testing.T) {
 			}()
 			resetPID := g.parked(t)
 			commitDone := make(chan error, 1)
-			go func() { commitDone <- c.Commit(ctx, keyEU, 5, 9, e.putView(orders, "b", `{"v":2}`)) }()
+			go func() { commitDone <- c.Commit(ctx, keyEU, ckpt(5, 0), 9, e.putView(orders, "b", `{"v":2}`)) }()
 			waitBlockedBy(t, e.pool, resetPID) // the commit queued on the feed lock
 			g.release()
 			mustf(t, recv(t, resetDone, "the reset"), "reset")
 			err := recv(t, commitDone, "the commit queued behind the reset")
 			var sup *read.CheckpointSupersededError
-			if !errors.As(err, &sup) || sup.Actual != read.Origin {
-				t.Fatalf("commit in flight across the reset: err = %v, want superseded at Origin", err)
+			if !errors.As(err, &sup) || sup.Actual != ckpt(0, 1) {
+				t.Fatalf("commit in flight across the reset: err = %v, want superseded at the origin of epoch 1", err)
 			}
 			b := e.feedRows(t, orders)
 			if b.Generation != 2 || len(b.Records) != 0 {
@@ -230,8 +230,8 @@ func TestInFlightCommitAndReset(t *testing.T) {
 			if v := e.viewRows(t); len(v) != 0 {
 				t.Fatalf("view after the lost commit: %v, want empty", v)
 			}
-			if at := checkpoint(t, fs, keyEU); at != read.Origin {
-				t.Fatalf("checkpoint %d, want Origin", at)
+			if at := checkpoint(t, fs, keyEU); at != ckpt(0, 1) {
+				t.Fatalf("checkpoint %v, want the origin of epoch 1", at)
 			}
 		})
 		t.Run(committer+"/commit first", func(t *testing.T) {
@@ -240,12 +240,12 @@ func TestInFlightCommitAndReset(t *testing.T) {
 			ctx := ctxFor(t, 60*time.Second)
 			fs := withFeed(t, e, orders, keyEU)
 			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
-			mustf(t, fs.Commit(ctx, keyEU, 0, 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
+			mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
 
 			g := newGate(t)
 			commitDone := make(chan error, 1)
 			go func() {
-				commitDone <- c.Commit(ctx, keyEU, 5, 9, func(ctx context.Context, tx pgx.Tx) error {
+				commitDone <- c.Commit(ctx, keyEU, ckpt(5, 0), 9, func(ctx context.Context, tx pgx.Tx) error {
 					if err := e.putView(orders, "b", `{"v":2}`)(ctx, tx); err != nil {
 						return err
 					}
@@ -263,8 +263,8 @@ func TestInFlightCommitAndReset(t *testing.T) {
 			if b.Generation != 2 || len(b.Records) != 0 {
 				t.Fatalf("feed after the reset: %+v, want generation 2 and no rows", b)
 			}
-			if at := checkpoint(t, fs, keyEU); at != read.Origin {
-				t.Fatalf("checkpoint %d, want Origin", at)
+			if at := checkpoint(t, fs, keyEU); at != ckpt(0, 1) {
+				t.Fatalf("checkpoint %v, want the origin of epoch 1", at)
 			}
 		})
 	}
@@ -285,7 +285,8 @@ func raceCommitReset(t *testing.T, e env, rounds int) {
 	landed := 0
 	for i := range rounds {
 		c := cs[i%2]
-		mustf(t, fs.Commit(ctx, keyEU, 0, 1, e.putView(orders, "old", `{"i":0}`)), "iteration %d: setup commit", i)
+		epoch := int64(i)
+		mustf(t, fs.Commit(ctx, keyEU, ckpt(0, epoch), 1, e.putView(orders, "old", `{"i":0}`)), "iteration %d: setup commit", i)
 		apply := e.putView(orders, "new", `{"i":1}`)
 		if i%4 >= 2 {
 			apply = func(ctx context.Context, tx pgx.Tx) error {
@@ -295,7 +296,7 @@ func raceCommitReset(t *testing.T, e env, rounds int) {
 		}
 		start := make(chan struct{})
 		commitDone, resetDone := make(chan error, 1), make(chan error, 1)
-		go func() { <-start; commitDone <- c.s.Commit(ctx, keyEU, 1, 2, apply) }()
+		go func() { <-start; commitDone <- c.s.Commit(ctx, keyEU, ckpt(1, epoch), 2, apply) }()
 		go func() { <-start; resetDone <- fs.ResetCheckpoint(ctx, keyEU) }()
 		close(start)
 		cerr, rerr := recv(t, commitDone, "the racing commit"), recv(t, resetDone, "the racing reset")
@@ -312,9 +313,71 @@ func raceCommitReset(t *testing.T, e env, rounds int) {
 		if b.Generation != feed.Generation(i+2) || len(b.Records) != 0 {
 			t.Fatalf("iteration %d (%s): feed %+v, want generation %d and no rows", i, c.name, b, i+2)
 		}
-		if at := checkpoint(t, fs, keyEU); at != read.Origin {
-			t.Fatalf("iteration %d: checkpoint %d, want Origin", i, at)
+		if at := checkpoint(t, fs, keyEU); at != ckpt(0, epoch+1) {
+			t.Fatalf("iteration %d: checkpoint %v, want the origin of epoch %d", i, at, epoch+1)
 		}
 	}
 	t.Logf("%d of %d commits landed before their reset", landed, rounds)
+}
+
+// The first replay batch after a rebuild commits from the origin. When a
+// second rebuild takes the feed lock before that commit, the commit waits
+// for it and must then lose: the origin it read is the one before the second
+// reset, not the one after it, and its rows are the projection's output the
+// second rebuild was run to throw away.
+func TestCommitFromOriginAcrossRebuild(t *testing.T) {
+	t.Parallel()
+	for _, committer := range []string{"decorated", "plain"} {
+		t.Run(committer, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := ctxFor(t, 60*time.Second)
+			fs := withFeed(t, e, orders, keyEU)
+			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
+			clearView := func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `DELETE FROM `+e.view)
+				return err
+			}
+			mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "a", `{"v":1}`)), "the first version's commit")
+			_, err := fs.Rebuild(ctx, clearView)
+			mustf(t, err, "the first rebuild")
+			// The replay's first batch reads the checkpoint: the origin.
+			at := checkpoint(t, fs, keyEU)
+			if at != ckpt(0, 1) {
+				t.Fatalf("checkpoint %v after a rebuild, want the origin of epoch 1", at)
+			}
+
+			g := newGate(t)
+			resetDone := make(chan error, 1)
+			go func() {
+				_, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
+					if err := clearView(ctx, tx); err != nil {
+						return err
+					}
+					return g.park(ctx, tx)
+				})
+				resetDone <- err
+			}()
+			resetPID := g.parked(t)
+			commitDone := make(chan error, 1)
+			go func() { commitDone <- c.Commit(ctx, keyEU, at, 3, e.putView(orders, "stale", `{"v":2}`)) }()
+			waitBlockedBy(t, e.pool, resetPID) // the commit queued on the feed lock
+			g.release()
+			mustf(t, recv(t, resetDone, "the second rebuild"), "the second rebuild")
+			err = recv(t, commitDone, "the commit queued behind the second rebuild")
+			var sup *read.CheckpointSupersededError
+			if !errors.As(err, &sup) || sup.Expected != ckpt(0, 1) || sup.Actual != ckpt(0, 2) {
+				t.Fatalf("commit from the origin read before the second rebuild: err = %v, want superseded at the origin of epoch 2", err)
+			}
+			if b := e.feedRows(t, orders); b.Generation != 3 || len(b.Records) != 0 {
+				t.Fatalf("feed after the lost commit: %+v, want generation 3 and no rows", b)
+			}
+			if v := e.viewRows(t); len(v) != 0 {
+				t.Fatalf("view after the lost commit: %v, want empty", v)
+			}
+			if at := checkpoint(t, fs, keyEU); at != ckpt(0, 2) {
+				t.Fatalf("checkpoint %v, want the origin of epoch 2", at)
+			}
+		})
+	}
 }
