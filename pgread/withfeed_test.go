@@ -381,3 +381,57 @@ func TestCommitFromOriginAcrossRebuild(t *testing.T) {
 		})
 	}
 }
+
+// A commit through the bound store takes the feed lock before its apply
+// runs, so an apply that locks a view row before it writes the feed cannot
+// deadlock with a Rebuild whose clear function deletes that row: the rebuild
+// queues on the feed lock behind the whole commit. Were the lock taken only
+// by the feed write, the commit would hold the row and wait for the feed
+// lock, the rebuild hold the feed lock and wait for the row, and PostgreSQL
+// would abort one of them as a deadlock.
+func TestBoundCommitLocksFeedBeforeApply(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := ctxFor(t, 60*time.Second)
+	fs := withFeed(t, e, orders, keyEU)
+	mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
+
+	g := newGate(t)
+	commitDone := make(chan error, 1)
+	go func() {
+		commitDone <- fs.Commit(ctx, keyEU, ckpt(5, 0), 9, func(ctx context.Context, tx pgx.Tx) error {
+			// Lock the view row first, as a projection that reads its view
+			// back does, and write the feed only after the pause.
+			if _, err := tx.Exec(ctx, `UPDATE `+e.view+` SET doc = '{"v":2}' WHERE key = 'a'`); err != nil {
+				return err
+			}
+			if err := g.park(ctx, tx); err != nil {
+				return err
+			}
+			_, err := e.feeds.Write(ctx, tx, orders, []feed.Change{feed.Put("a", []byte(`{"v":2}`))})
+			return err
+		})
+	}()
+	commitPID := g.parked(t)
+	resetDone := make(chan error, 1)
+	go func() {
+		_, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `DELETE FROM `+e.view)
+			return err
+		})
+		resetDone <- err
+	}()
+	waitBlockedBy(t, e.pool, commitPID) // the rebuild waits for the commit
+	g.release()
+	mustf(t, recv(t, commitDone, "the commit"), "the commit the rebuild waited for")
+	mustf(t, recv(t, resetDone, "the rebuild"), "the rebuild that waited for the commit")
+	if b := e.feedRows(t, orders); b.Generation != 2 || len(b.Records) != 0 {
+		t.Fatalf("feed after the rebuild: %+v, want generation 2 and no rows", b)
+	}
+	if v := e.viewRows(t); len(v) != 0 {
+		t.Fatalf("view after the rebuild: %v, want empty", v)
+	}
+	if at := checkpoint(t, fs, keyEU); at != ckpt(0, 1) {
+		t.Fatalf("checkpoint %v, want the origin of epoch 1", at)
+	}
+}
