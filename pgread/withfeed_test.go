@@ -383,32 +383,41 @@ func TestCommitFromOriginAcrossRebuild(t *testing.T) {
 }
 
 // A commit through the bound store takes the feed lock before its apply
-// runs, so an apply that locks a view row before it writes the feed cannot
-// deadlock with a Rebuild whose clear function deletes that row: the rebuild
-// queues on the feed lock behind the whole commit. Were the lock taken only
-// by the feed write, the commit would hold the row and wait for the feed
-// lock, the rebuild hold the feed lock and wait for the row, and PostgreSQL
-// would abort one of them as a deadlock.
+// runs, and a Rebuild takes it before its clear function runs, so the two
+// cannot deadlock whatever rows apply and clear touch, in whatever order:
+// the rebuild queues on the feed lock behind the whole commit. Here apply
+// locks view row b, pauses, then touches row a and writes the feed, while
+// clear deletes a, then b. Were the feed lock taken only by the feed write,
+// or clear run before the rebuild's feed lock, the commit would wait for a
+// row the rebuild holds and the rebuild for one the commit holds, and
+// PostgreSQL would abort one of them as a deadlock within a second.
 func TestBoundCommitLocksFeedBeforeApply(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := ctxFor(t, 60*time.Second)
 	fs := withFeed(t, e, orders, keyEU)
-	mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "a", `{"v":1}`)), "first commit")
+	// a is stored before b, so the clear's sequential DELETE locks a first.
+	mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, func(ctx context.Context, tx pgx.Tx) error {
+		if err := e.putView(orders, "a", `{"v":1}`)(ctx, tx); err != nil {
+			return err
+		}
+		return e.putView(orders, "b", `{"v":1}`)(ctx, tx)
+	}), "first commit")
 
 	g := newGate(t)
 	commitDone := make(chan error, 1)
 	go func() {
 		commitDone <- fs.Commit(ctx, keyEU, ckpt(5, 0), 9, func(ctx context.Context, tx pgx.Tx) error {
-			// Lock the view row first, as a projection that reads its view
-			// back does, and write the feed only after the pause.
-			if _, err := tx.Exec(ctx, `UPDATE `+e.view+` SET doc = '{"v":2}' WHERE key = 'a'`); err != nil {
+			if _, err := tx.Exec(ctx, `UPDATE `+e.view+` SET doc = '{"v":2}' WHERE key = 'b'`); err != nil {
 				return err
 			}
 			if err := g.park(ctx, tx); err != nil {
 				return err
 			}
-			_, err := e.feeds.Write(ctx, tx, orders, []feed.Change{feed.Put("a", []byte(`{"v":2}`))})
+			if _, err := tx.Exec(ctx, `UPDATE `+e.view+` SET doc = '{"v":2}' WHERE key = 'a'`); err != nil {
+				return err
+			}
+			_, err := e.feeds.Write(ctx, tx, orders, []feed.Change{feed.Put("a", []byte(`{"v":2}`)), feed.Put("b", []byte(`{"v":2}`))})
 			return err
 		})
 	}()
