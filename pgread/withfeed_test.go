@@ -3,6 +3,7 @@ package pgread_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -324,61 +325,66 @@ func raceCommitReset(t *testing.T, e env, rounds int) {
 // second rebuild takes the feed lock before that commit, the commit waits
 // for it and must then lose: the origin it read is the one before the second
 // reset, not the one after it, and its rows are the projection's output the
-// second rebuild was run to throw away.
+// second rebuild was run to throw away. The same holds for the first batch of
+// a projection that never committed, behind the first rebuild.
 func TestCommitFromOriginAcrossRebuild(t *testing.T) {
 	t.Parallel()
 	for _, committer := range []string{"decorated", "plain"} {
-		t.Run(committer, func(t *testing.T) {
-			t.Parallel()
-			e := setup(t)
-			ctx := ctxFor(t, 60*time.Second)
-			fs := withFeed(t, e, orders, keyEU)
-			c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
-			clearView := func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `DELETE FROM `+e.view)
-				return err
-			}
-			mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "a", `{"v":1}`)), "the first version's commit")
-			_, err := fs.Rebuild(ctx, clearView)
-			mustf(t, err, "the first rebuild")
-			// The replay's first batch reads the checkpoint: the origin.
-			at := checkpoint(t, fs, keyEU)
-			if at != ckpt(0, 1) {
-				t.Fatalf("checkpoint %v after a rebuild, want the origin of epoch 1", at)
-			}
+		for _, rebuilds := range []int64{1, 0} {
+			t.Run(fmt.Sprintf("%s/after %d rebuilds", committer, rebuilds), func(t *testing.T) {
+				t.Parallel()
+				e := setup(t)
+				ctx := ctxFor(t, 60*time.Second)
+				fs := withFeed(t, e, orders, keyEU)
+				c := map[string]read.ProjectionStore[pgx.Tx]{"decorated": fs, "plain": e.store}[committer]
+				clearView := func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `DELETE FROM `+e.view)
+					return err
+				}
+				if rebuilds > 0 {
+					mustf(t, fs.Commit(ctx, keyEU, ckpt(0, 0), 5, e.putView(orders, "a", `{"v":1}`)), "the first version's commit")
+					_, err := fs.Rebuild(ctx, clearView)
+					mustf(t, err, "the first rebuild")
+				}
+				// The batch reads the checkpoint: the origin.
+				at := checkpoint(t, fs, keyEU)
+				if at != ckpt(0, rebuilds) {
+					t.Fatalf("checkpoint %v after %d rebuilds, want the origin of epoch %d", at, rebuilds, rebuilds)
+				}
 
-			g := newGate(t)
-			resetDone := make(chan error, 1)
-			go func() {
-				_, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
-					if err := clearView(ctx, tx); err != nil {
-						return err
-					}
-					return g.park(ctx, tx)
-				})
-				resetDone <- err
-			}()
-			resetPID := g.parked(t)
-			commitDone := make(chan error, 1)
-			go func() { commitDone <- c.Commit(ctx, keyEU, at, 3, e.putView(orders, "stale", `{"v":2}`)) }()
-			waitBlockedBy(t, e.pool, resetPID) // the commit queued on the feed lock
-			g.release()
-			mustf(t, recv(t, resetDone, "the second rebuild"), "the second rebuild")
-			err = recv(t, commitDone, "the commit queued behind the second rebuild")
-			var sup *read.CheckpointSupersededError
-			if !errors.As(err, &sup) || sup.Expected != ckpt(0, 1) || sup.Actual != ckpt(0, 2) {
-				t.Fatalf("commit from the origin read before the second rebuild: err = %v, want superseded at the origin of epoch 2", err)
-			}
-			if b := e.feedRows(t, orders); b.Generation != 3 || len(b.Records) != 0 {
-				t.Fatalf("feed after the lost commit: %+v, want generation 3 and no rows", b)
-			}
-			if v := e.viewRows(t); len(v) != 0 {
-				t.Fatalf("view after the lost commit: %v, want empty", v)
-			}
-			if at := checkpoint(t, fs, keyEU); at != ckpt(0, 2) {
-				t.Fatalf("checkpoint %v, want the origin of epoch 2", at)
-			}
-		})
+				g := newGate(t)
+				resetDone := make(chan error, 1)
+				go func() {
+					_, err := fs.Rebuild(ctx, func(ctx context.Context, tx pgx.Tx) error {
+						if err := clearView(ctx, tx); err != nil {
+							return err
+						}
+						return g.park(ctx, tx)
+					})
+					resetDone <- err
+				}()
+				resetPID := g.parked(t)
+				commitDone := make(chan error, 1)
+				go func() { commitDone <- c.Commit(ctx, keyEU, at, 3, e.putView(orders, "stale", `{"v":2}`)) }()
+				waitBlockedBy(t, e.pool, resetPID) // the commit queued on the feed lock
+				g.release()
+				mustf(t, recv(t, resetDone, "the rebuild"), "the rebuild")
+				err := recv(t, commitDone, "the commit queued behind the rebuild")
+				var sup *read.CheckpointSupersededError
+				if !errors.As(err, &sup) || sup.Expected != at || sup.Actual != ckpt(0, rebuilds+1) {
+					t.Fatalf("commit from the origin read before the rebuild: err = %v, want superseded at the origin of epoch %d", err, rebuilds+1)
+				}
+				if b := e.feedRows(t, orders); b.Generation != feed.Generation(rebuilds+2) || len(b.Records) != 0 {
+					t.Fatalf("feed after the lost commit: %+v, want generation %d and no rows", b, rebuilds+2)
+				}
+				if v := e.viewRows(t); len(v) != 0 {
+					t.Fatalf("view after the lost commit: %v, want empty", v)
+				}
+				if at := checkpoint(t, fs, keyEU); at != ckpt(0, rebuilds+1) {
+					t.Fatalf("checkpoint %v, want the origin of epoch %d", at, rebuilds+1)
+				}
+			})
+		}
 	}
 }
 
