@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/read"
@@ -108,6 +109,51 @@ func TestMemoryStoreCommitAcrossReset(t *testing.T) {
 	}
 }
 
+// Two commits from one checkpoint, the second made while the first's apply
+// runs: the second waits for the first, then loses without running its
+// apply. A store that checked the guard and ran apply without holding its
+// lock across both would let both land.
+func TestMemoryStoreSerialisesCommits(t *testing.T) {
+	t.Parallel()
+	ctx := bounded(t)
+	s := read.NewMemoryStore()
+	key := read.CheckpointKey{Projection: "orders"}
+	inApply, release := make(chan struct{}), make(chan struct{})
+	firstDone := make(chan error, 1)
+	go func() {
+		firstDone <- s.Commit(ctx, key, read.Checkpoint{}, 5, func(context.Context, read.NoTx) error {
+			close(inApply)
+			<-release
+			return nil
+		})
+	}()
+	recv(t, inApply, "the first commit's apply")
+	secondApplied, secondDone := make(chan struct{}), make(chan error, 1)
+	go func() {
+		secondDone <- s.Commit(ctx, key, read.Checkpoint{}, 3, func(context.Context, read.NoTx) error {
+			close(secondApplied)
+			return nil
+		})
+	}()
+	// The second commit must not get as far as its apply while the first
+	// holds the store. Nothing can show it waiting, so it gets a moment to
+	// run ahead, which only a broken store uses.
+	select {
+	case <-secondApplied:
+		close(release)
+		t.Fatal("a second commit from the same checkpoint ran its apply while the first's ran")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := recv(t, firstDone, "the first commit"); err != nil {
+		t.Fatalf("first commit: %v", err)
+	}
+	var sup *read.CheckpointSupersededError
+	if err := recv(t, secondDone, "the second commit"); !errors.As(err, &sup) || sup.Actual != (read.Checkpoint{Position: 5}) {
+		t.Fatalf("second commit: err = %v, want superseded at position 5", err)
+	}
+}
+
 func TestBadInputRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -128,5 +174,20 @@ func TestBadInputRefused(t *testing.T) {
 		if !errors.As(tc.err, &inv) || inv.Field != tc.field {
 			t.Errorf("%s: err = %v, want an InvalidError naming %s", tc.name, tc.err, tc.field)
 		}
+	}
+}
+
+// recv receives from ch within 10 s, or fails the test saying what it
+// waited for.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("%s: nothing within 10s", what)
+		panic("unreachable")
 	}
 }
