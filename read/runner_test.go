@@ -187,6 +187,23 @@ func TestRunnerBatchAcrossReset(t *testing.T) {
 	if at, _ := store.ReadCheckpoint(ctx, key); at != (read.Checkpoint{Position: 4, Epoch: 2}) {
 		t.Fatalf("checkpoint %v, want position 4 of epoch 2", at)
 	}
+	// CatchUp retries a lost batch at once, and replays to the end.
+	if err := store.ResetCheckpoint(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	src.onRead = func() {
+		if err := store.ResetCheckpoint(ctx, key); err != nil {
+			t.Error(err)
+		}
+	}
+	src.mu.Unlock()
+	if n, err := r.CatchUp(ctx); err != nil || n != 4 {
+		t.Fatalf("CatchUp whose first batch lost = %d, %v; want the 4 events replayed", n, err)
+	}
+	if at, _ := store.ReadCheckpoint(ctx, key); at != (read.Checkpoint{Position: 4, Epoch: 4}) {
+		t.Fatalf("checkpoint %v, want position 4 of epoch 4", at)
+	}
 }
 
 func TestRunnersRacing(t *testing.T) {
@@ -258,6 +275,18 @@ func TestRunnerRun(t *testing.T) {
 	waitTimer()
 	if got := v.positions(); !slices.Equal(got, upTo(8)) {
 		t.Fatalf("applied %v after a poll", got)
+	}
+	// A recovery starts the backoff over: the next failure waits Poll again.
+	src.mu.Lock()
+	src.fail = 1
+	src.mu.Unlock()
+	reads := src.readCount()
+	clock.Advance(time.Second)
+	waitTimer() // the poll's read failed; waiting Poll, not 4×Poll
+	clock.Advance(time.Second)
+	waitTimer()
+	if got := src.readCount(); got != reads+2 {
+		t.Fatalf("%d reads a Poll after a failure that followed a recovery, want %d: the backoff did not start over", got, reads+2)
 	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
