@@ -48,6 +48,12 @@ func (s memTx) ResetCheckpoint(ctx context.Context, k read.CheckpointKey) error 
 // opaque hides a durable store's TxStore methods.
 type opaque struct{ read.ProjectionStore[pgx.Tx] }
 
+// ephemeralTx is a TxStore that says it is ephemeral: refused for what it
+// says, whatever else it implements.
+type ephemeralTx struct{ *pgread.Store }
+
+func (ephemeralTx) Durability() read.Durability { return read.Ephemeral }
+
 func TestWithFeedBindingAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -95,6 +101,7 @@ func TestWithFeedRefusals(t *testing.T) {
 		field string
 	}{
 		{"ephemeral store", memTx{read.NewMemoryStore()}, orders, keyEU, "with_feed.store"},
+		{"ephemeral store with transactions", ephemeralTx{e.store}, orders, keyEU, "with_feed.store"},
 		{"store without TxStore", opaque{e.store}, orders, keyEU, "with_feed.store"},
 		{"nil store", nil, orders, keyEU, "with_feed.store"},
 		{"bad feed", e.store, "bad feed", keyEU, "feed name"},
@@ -140,6 +147,16 @@ func TestResetOtherKeysUntouched(t *testing.T) {
 	}
 
 	mustf(t, fs.Commit(ctx, keyUS, ckpt(0, 1), 3, nil), "commit us again")
+	// Another key's commit does not take the bound feed's lock: it lands
+	// while a transaction holds that lock.
+	lockTx, err := e.pool.Begin(ctx)
+	mustf(t, err, "begin")
+	defer lockTx.Rollback(context.Background())
+	mustf(t, e.feeds.LockTx(ctx, lockTx, orders), "lock the feed")
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	mustf(t, fs.Commit(short, keyUS, ckpt(3, 1), 4, nil), "another key's commit while the feed is locked")
+	cancel()
+	mustf(t, lockTx.Rollback(ctx), "rollback")
 	gen, err := fs.Rebuild(ctx, nil)
 	mustf(t, err, "rebuild")
 	if gen != 2 {
@@ -151,7 +168,7 @@ func TestResetOtherKeysUntouched(t *testing.T) {
 	if at := checkpoint(t, fs, keyEU); at != ckpt(0, 1) {
 		t.Fatalf("eu at %v after its reset", at)
 	}
-	if at := checkpoint(t, fs, keyUS); at != ckpt(3, 1) {
+	if at := checkpoint(t, fs, keyUS); at != ckpt(4, 1) {
 		t.Fatalf("us moved to %v by the bound key's reset", at)
 	}
 	// The view is the caller's: a plain reset leaves it.
