@@ -119,7 +119,7 @@ func (s *Store) readCheckpoint(ctx context.Context, db interface {
 // takes them in, so the two never deadlock, whether or not apply wrote to a
 // feed. apply's own error is returned unchanged; a database failure is a
 // *feed.WriteFailedError; a lost guard is a *read.CheckpointSupersededError
-// carrying the position the checkpoint was found at.
+// carrying the checkpoint, position and epoch, it was found at.
 func (s *Store) Commit(ctx context.Context, key read.CheckpointKey, expected read.Checkpoint, next read.Position, apply func(ctx context.Context, tx pgx.Tx) error) error {
 	if err := read.ValidateCommit(key, expected, next); err != nil {
 		return err

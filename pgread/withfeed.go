@@ -87,10 +87,9 @@ var _ read.ProjectionStore[pgx.Tx] = (*FeedStore)(nil)
 // starts after it wait; such a commit then finds the checkpoint back at the
 // origin of a new epoch, loses its guard whatever position it read (the
 // origin of the epoch before included: see read.Checkpoint), and rolls back
-// its feed rows with its view writes. Commit through
-// this store takes the feed lock before running apply, so both take the feed
-// lock before anything else, and cannot deadlock, whatever apply or the clear
-// function touch. A plain *Store's Commit takes the checkpoint row only after
+// its feed rows with its view writes. Commit through this store takes the
+// feed lock before running apply, so both take the feed lock before anything
+// else, and cannot deadlock, whatever apply or the clear function touch. A plain *Store's Commit takes the checkpoint row only after
 // apply, so commits made through it do not deadlock with ResetCheckpoint
 // either; they may with a Rebuild whose clear function touches rows their
 // apply locked before writing the feed.

@@ -10,11 +10,11 @@ import (
 type NoTx struct{}
 
 // MemoryStore is an ephemeral ProjectionStore. It serialises commits: apply
-// runs while the store's lock is held and after the checkpoint guard passed, so
-// a commit whose guard loses never runs apply at all, and a reset waits for a
-// commit running apply. An apply that fails
-// leaves the checkpoint where it was; what apply already did to an in-memory
-// view is the caller's to undo, since there is no transaction to roll back.
+// runs while the store's lock is held and after the checkpoint guard passed,
+// so a commit whose guard loses never runs apply at all, and a reset waits
+// for a commit running apply. An apply that fails leaves the checkpoint where
+// it was; what apply already did to an in-memory view is the caller's to
+// undo, since there is no transaction to roll back.
 type MemoryStore struct {
 	mu          sync.Mutex
 	checkpoints map[CheckpointKey]Checkpoint

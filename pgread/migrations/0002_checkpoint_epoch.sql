@@ -6,6 +6,10 @@
 -- before this step are in epoch 0, where their commits expect them; a key
 -- with no row is still the origin of epoch 0.
 --
+-- Upgrade every process before the first reset after this step: a process
+-- of the version before reads a reset row as the origin and commits from it
+-- with an insert, which the kept row refuses, batch after batch.
+--
 -- Every statement is idempotent: a column that exists is kept, and only a
 -- check on position other than the one this step adds is dropped.
 
