@@ -62,19 +62,20 @@ func TestStoreBadInput(t *testing.T) {
 	e := setup(t)
 	ctx := ctxFor(t, 10e9)
 	s := e.store
-	wantField(t, "commit empty projection", s.Commit(ctx, read.CheckpointKey{}, 0, 1, nil), "checkpoint.projection")
-	wantField(t, "commit bad partition", s.Commit(ctx, read.CheckpointKey{Projection: "p", Partition: "a b"}, 0, 1, nil), "checkpoint.partition")
-	wantField(t, "commit next not above", s.Commit(ctx, keyEU, 3, 3, nil), "commit.next")
-	wantField(t, "commit negative", s.Commit(ctx, keyEU, -1, 3, nil), "commit.expected")
+	wantField(t, "commit empty projection", s.Commit(ctx, read.CheckpointKey{}, ckpt(0, 0), 1, nil), "checkpoint.projection")
+	wantField(t, "commit bad partition", s.Commit(ctx, read.CheckpointKey{Projection: "p", Partition: "a b"}, ckpt(0, 0), 1, nil), "checkpoint.partition")
+	wantField(t, "commit next not above", s.Commit(ctx, keyEU, ckpt(3, 0), 3, nil), "commit.next")
+	wantField(t, "commit negative", s.Commit(ctx, keyEU, ckpt(-1, 0), 3, nil), "commit.expected.position")
+	wantField(t, "commit negative epoch", s.Commit(ctx, keyEU, ckpt(0, -1), 3, nil), "commit.expected.epoch")
 	_, err := s.ReadCheckpoint(ctx, read.CheckpointKey{Projection: "a\x00"})
 	wantField(t, "read bad key", err, "checkpoint.projection")
 	wantField(t, "reset bad key", s.ResetCheckpoint(ctx, read.CheckpointKey{}), "checkpoint.projection")
 	wantField(t, "reset tx nil", s.ResetCheckpointTx(ctx, nil, keyEU), "tx")
 	fs := withFeed(t, e, orders, keyEU)
 	wantField(t, "decorated reset bad key", fs.ResetCheckpoint(ctx, read.CheckpointKey{}), "checkpoint.projection")
-	wantField(t, "decorated commit bad key", fs.Commit(ctx, read.CheckpointKey{}, 0, 1, nil), "checkpoint.projection")
-	if at := checkpoint(t, s, keyEU); at != read.Origin {
-		t.Fatalf("refused calls moved the checkpoint to %d", at)
+	wantField(t, "decorated commit bad key", fs.Commit(ctx, read.CheckpointKey{}, ckpt(0, 0), 1, nil), "checkpoint.projection")
+	if at := checkpoint(t, s, keyEU); at != ckpt(0, 0) {
+		t.Fatalf("refused calls moved the checkpoint to %v", at)
 	}
 }
 

@@ -9,8 +9,10 @@
 // database) with a configurable table prefix (default "read_"), four logged
 // tables:
 //
-//   - checkpoints(projection, partition, position, updated_at): one row per
-//     checkpoint key that has moved; no row is read.Origin.
+//   - checkpoints(projection, partition, position, epoch, updated_at): one
+//     row per checkpoint key that has moved or been reset; no row is the
+//     zero read.Checkpoint (the origin of epoch 0). A reset keeps the row,
+//     at position 0 of the next epoch (package read's doc says why).
 //   - log(head): one row, the highest global position handed out. It is the
 //     event log's append lock (see EventLog).
 //   - streams(stream, version): one row per stream, its event count.

@@ -124,7 +124,7 @@ func TestRebuildEndToEnd(t *testing.T) {
 	appendOrders(t, e.log, 0, 30)
 	v1, err := read.NewRunner(e.log, read.ProjectionStore[pgx.Tx](fs), keyEU, e.orderProjection(orders, 0, false), read.RunnerOptions{Batch: 7})
 	mustf(t, err, "runner v1")
-	if n, err := v1.CatchUp(ctx); err != nil || n != 36 {
+	if n, err := v1.CatchUp(ctxFor(t, 20*time.Second)); err != nil || n != 36 {
 		t.Fatalf("v1 CatchUp = %d, %v; want the 36 events", n, err)
 	}
 
@@ -181,7 +181,7 @@ func TestRebuildEndToEnd(t *testing.T) {
 	v2, err := read.NewRunner(e.log, read.ProjectionStore[pgx.Tx](fs), keyEU, e.orderProjection(orders, 10, true), read.RunnerOptions{Batch: 5})
 	mustf(t, err, "runner v2")
 	appendOrders(t, e.log, 30, 35)
-	if n, err := v2.CatchUp(ctx); err != nil || n != 42 {
+	if n, err := v2.CatchUp(ctxFor(t, 20*time.Second)); err != nil || n != 42 {
 		t.Fatalf("v2 CatchUp = %d, %v; want all 42 events replayed", n, err)
 	}
 	after := waitSinks(2)

@@ -5,11 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/internal/pgtest"
 
 	"github.com/kairos-es/kairos/pgread"
 	"github.com/kairos-es/kairos/read"
@@ -233,4 +238,68 @@ func TestEventLogBadInput(t *testing.T) {
 	if head, err := e.log.Head(ctx); err != nil || head != 0 {
 		t.Fatalf("head %d, %v after refused appends; want 0", head, err)
 	}
+}
+
+// Reads return events in position (and stream version) order whatever the
+// order the table stores them in: here a rolled-back append's space, freed
+// by VACUUM, takes the later events in front of the earlier ones, and the
+// reads run with index scans off, so only the statements' ORDER BY keeps the
+// order.
+func TestEventLogReadOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := ctxFor(t, 30*time.Second)
+	filler := make([]pgread.EventData, 500)
+	for i := range filler {
+		filler[i] = ev("Filler", `{"pad":"`+strings.Repeat("x", 200)+`"}`)
+	}
+	tx, err := e.pool.Begin(ctx)
+	mustf(t, err, "begin")
+	_, err = e.log.Append(ctx, tx, "filler", pgread.NoStream, filler)
+	mustf(t, err, "filler")
+	mustf(t, tx.Rollback(ctx), "rollback")
+	for i := range 3 {
+		_, err := e.log.AppendCommitted(ctx, "s", pgread.ExpectedVersion(i), []pgread.EventData{ev("E", `{}`)})
+		mustf(t, err, "append %d", i)
+	}
+	_, err = e.pool.Exec(ctx, `VACUUM "`+e.schema+`".read_events`)
+	mustf(t, err, "vacuum")
+	for i := 3; i < 6; i++ {
+		_, err := e.log.AppendCommitted(ctx, "s", pgread.ExpectedVersion(i), []pgread.EventData{ev("E", `{}`)})
+		mustf(t, err, "append %d", i)
+	}
+	seqScans := pgtest.PoolWith(t, pgtest.URL(), func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["enable_indexscan"] = "off"
+		c.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
+		c.ConnConfig.RuntimeParams["enable_indexonlyscan"] = "off"
+	})
+	l := newLog(t, seqScans, e.schema)
+	var stored []int64
+	mustf(t, pgxCollect(ctx, seqScans, `SELECT version FROM "`+e.schema+`".read_events`, &stored), "stored order")
+	if slices.IsSorted(stored) {
+		t.Fatalf("the table stores the events in version order (%v): the test's premise, a later event stored first, broke", stored)
+	}
+	all, err := l.ReadAll(ctx, read.Origin, 100)
+	mustf(t, err, "ReadAll")
+	stream, err := l.ReadStream(ctx, "s", 0, 100)
+	mustf(t, err, "ReadStream")
+	for name, got := range map[string][]read.Event{"ReadAll": all, "ReadStream": stream} {
+		var versions []int64
+		var positions []read.Position
+		for _, ev := range got {
+			versions, positions = append(versions, ev.Version), append(positions, ev.Position)
+		}
+		if !slices.Equal(versions, []int64{1, 2, 3, 4, 5, 6}) || !slices.IsSorted(positions) {
+			t.Fatalf("%s returned versions %v at positions %v, want 1 to 6 in ascending positions (the table stores versions %v)", name, versions, positions, stored)
+		}
+	}
+}
+
+func pgxCollect(ctx context.Context, db pgread.DBTX, sql string, out *[]int64) error {
+	rows, err := db.Query(ctx, sql)
+	if err != nil {
+		return err
+	}
+	*out, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	return err
 }

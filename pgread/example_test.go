@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,7 +24,10 @@ import (
 // to its next generation in one transaction; the runner replays from the
 // origin, and every sink's worker resyncs from the new generation.
 func Example_rebuild() {
-	ctx := context.Background()
+	// Bounded, as a job's context would be: a runner that can no longer
+	// commit retries at once, and must not do so for ever.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	url := os.Getenv("KAIROS_TEST_DATABASE_URL")
 	if url == "" {
 		url = "postgres://postgres@127.0.0.1:5432/postgres"

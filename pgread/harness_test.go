@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,14 +127,19 @@ func (e env) feedRows(t *testing.T, f feed.FeedName) feed.Batch {
 	return b
 }
 
-// checkpoint reads key's position, failing the test on an error.
-func checkpoint(t *testing.T, s read.ProjectionStore[pgx.Tx], key read.CheckpointKey) read.Position {
+// checkpoint reads key's checkpoint, failing the test on an error.
+func checkpoint(t *testing.T, s read.ProjectionStore[pgx.Tx], key read.CheckpointKey) read.Checkpoint {
 	t.Helper()
 	at, err := s.ReadCheckpoint(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return at
+}
+
+// ckpt is the checkpoint at position p in epoch epoch.
+func ckpt(p read.Position, epoch int64) read.Checkpoint {
+	return read.Checkpoint{Position: p, Epoch: epoch}
 }
 
 // putView is an apply that writes key=doc to the view and the feed.
@@ -154,11 +160,74 @@ func backendPID(ctx context.Context, tx pgx.Tx) (int32, error) {
 	return pid, err
 }
 
+// waitBound bounds every wait of a test on another goroutine or session, so
+// a test whose premise breaks fails with its message instead of hanging to
+// the package timeout.
+const waitBound = 15 * time.Second
+
+// gate parks a goroutine inside its transaction until the test opens it. The
+// parked goroutine also leaves when its context ends, and t's cleanup opens
+// the gate before the pool closes (cleanups run last-registered first): a
+// test that fails while a transaction is parked never leaves it holding a
+// connection the pool's Close would wait for.
+type gate struct {
+	pid  chan int32
+	open chan struct{}
+	once sync.Once
+}
+
+func newGate(t *testing.T) *gate {
+	g := &gate{pid: make(chan int32, 1), open: make(chan struct{})}
+	t.Cleanup(g.release)
+	return g
+}
+
+// release lets the parked goroutine go on; it may be called more than once.
+func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
+
+// park, called inside tx, reports tx's backend pid and waits for release or
+// ctx's end (then it returns ctx's error, which rolls tx back).
+func (g *gate) park(ctx context.Context, tx pgx.Tx) error {
+	pid, err := backendPID(ctx, tx)
+	if err != nil {
+		return err
+	}
+	g.pid <- pid
+	select {
+	case <-g.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// parked waits, within waitBound, for the goroutine to reach park, and
+// returns its transaction's backend pid.
+func (g *gate) parked(t *testing.T) int32 {
+	t.Helper()
+	return recv(t, g.pid, "waiting for a transaction to park")
+}
+
+// recv receives from ch within waitBound, or fails the test saying what it
+// waited for.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(waitBound)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("%s: nothing within %v", what, waitBound)
+		panic("unreachable")
+	}
+}
+
 // waitBlockedBy waits until some session waits for a lock pid holds: the
 // proof that a concurrent transaction reached the lock and queued behind it.
 func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, pid int32) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(waitBound)
 	for {
 		var n int
 		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`, pid).Scan(&n); err != nil {

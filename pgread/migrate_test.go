@@ -1,6 +1,7 @@
 package pgread_test
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"strings"
@@ -108,16 +109,71 @@ func TestMigrationSQL(t *testing.T) {
 		t.Fatalf("Migrate after the script = %v, %v", applied, err)
 	}
 	list, err := pgread.Migrations(opts)
-	if err != nil || len(list) == 0 || list[0].Version != 1 || !strings.Contains(list[0].SQL, `"rm_checkpoints"`) {
+	if err != nil || len(list) != 2 || list[0].Version != 1 || !strings.Contains(list[0].SQL, `"rm_checkpoints"`) || !strings.Contains(list[1].SQL, `"rm_checkpoints"`) {
 		t.Fatalf("Migrations = %+v, %v", list, err)
 	}
 	// A store and a log work on the script-made tables.
 	s, err := pgread.NewStore(ctx, pool, opts)
 	mustf(t, err, "NewStore")
-	mustf(t, s.Commit(ctx, keyEU, 0, 1, nil), "commit")
+	mustf(t, s.Commit(ctx, keyEU, ckpt(0, 0), 1, nil), "commit")
 	l, err := pgread.NewEventLog(ctx, pool, opts)
 	mustf(t, err, "NewEventLog")
 	if _, err := l.AppendCommitted(context.Background(), "s", pgread.NoStream, []pgread.EventData{ev("E", `{}`)}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A schema migrated before checkpoints had epochs keeps its checkpoints:
+// migration 2 puts them in epoch 0, where a runner's next commit expects
+// them, and lets a reset store the origin. With the longest prefix, the
+// check 0001 declared has a name PostgreSQL truncated, which 0002 must find
+// all the same.
+func TestMigrateKeepsCheckpoints(t *testing.T) {
+	t.Parallel()
+	for _, prefix := range []string{"", strings.Repeat("p", 63-len("checkpoints"))} {
+		pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+		schema := pgtest.Schema(t)
+		ctx := ctxFor(t, 30*time.Second)
+		opts := pgread.Options{Schema: schema, TablePrefix: prefix}
+		list, err := pgread.Migrations(opts)
+		mustf(t, err, "Migrations")
+		if len(list) < 2 || list[0].Version != 1 || list[1].Version != 2 {
+			t.Fatalf("Migrations = %+v, want versions 1 and 2 first", list)
+		}
+		// The tables as version 1 made them (its script records it as
+		// applied), with a checkpoint committed then.
+		_, err = pool.Exec(ctx, `CREATE SCHEMA "`+schema+`"`)
+		mustf(t, err, "create schema")
+		_, err = pool.Exec(ctx, list[0].SQL)
+		mustf(t, err, "version 1")
+		table := `"` + schema + `"."` + cmp.Or(prefix, pgread.DefaultTablePrefix) + `checkpoints"`
+		_, err = pool.Exec(ctx, `INSERT INTO `+table+` (projection, partition, position) VALUES ('orders', 'eu', 7)`)
+		mustf(t, err, "a checkpoint of version 1")
+
+		applied, err := pgread.Migrate(ctx, pool, opts)
+		if err != nil || !slices.Equal(applied, []int{2}) {
+			t.Fatalf("prefix %q: Migrate = %v, %v; want 2 alone (1 is recorded)", prefix, applied, err)
+		}
+		s, err := pgread.NewStore(ctx, pool, opts)
+		mustf(t, err, "NewStore")
+		if at := checkpoint(t, s, keyEU); at != ckpt(7, 0) {
+			t.Fatalf("prefix %q: the old checkpoint reads %v, want position 7 of epoch 0", prefix, at)
+		}
+		mustf(t, s.Commit(ctx, keyEU, ckpt(7, 0), 9, nil), "prefix %q: commit from the old checkpoint", prefix)
+		mustf(t, s.ResetCheckpoint(ctx, keyEU), "prefix %q: reset", prefix)
+		if at := checkpoint(t, s, keyEU); at != ckpt(0, 1) {
+			t.Fatalf("prefix %q: after the reset %v, want the origin of epoch 1", prefix, at)
+		}
+		mustf(t, s.Commit(ctx, keyEU, ckpt(0, 1), 1, nil), "prefix %q: commit after the reset", prefix)
+		// Position is still checked, by one constraint: version 1's is gone.
+		var checks int
+		mustf(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint con JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = ANY (con.conkey)
+WHERE con.conrelid = $1::regclass AND con.contype = 'c' AND a.attname = 'position'`, table).Scan(&checks), "constraints")
+		if checks != 1 {
+			t.Fatalf("prefix %q: %d checks on position, want 1", prefix, checks)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (projection, partition, position) VALUES ('x', '', -1)`); err == nil {
+			t.Fatalf("prefix %q: a negative position was stored", prefix)
+		}
 	}
 }

@@ -55,7 +55,7 @@ ON CONFLICT (position) DO UPDATE SET n = `+counts+`.n + 1`, positions)
 	}
 	head, err := e.log.Head(ctx)
 	mustf(t, err, "head")
-	for checkpoint(t, e.store, keyEU) != head {
+	for checkpoint(t, e.store, keyEU).Position != head {
 		if ctx.Err() != nil {
 			t.Fatalf("runners never caught up with %d", head)
 		}

@@ -87,7 +87,7 @@ func wantBothWork(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema 
 	mustf(t, err, "a feed write")
 	store, err := pgread.NewStore(ctx, pool, pgread.Options{Schema: schema, TablePrefix: sharedPrefix})
 	mustf(t, err, "pgread.NewStore")
-	mustf(t, store.Commit(ctx, keyEU, 0, 1, nil), "a checkpoint commit")
+	mustf(t, store.Commit(ctx, keyEU, ckpt(0, 0), 1, nil), "a checkpoint commit")
 	log, err := pgread.NewEventLog(ctx, pool, pgread.Options{Schema: schema, TablePrefix: sharedPrefix})
 	mustf(t, err, "pgread.NewEventLog")
 	_, err = log.AppendCommitted(ctx, "s", pgread.NoStream, []pgread.EventData{ev("E", `{}`)})

@@ -28,30 +28,42 @@ var (
 // storeStatements are the checkpoint statements, built once from validated
 // names; parameters carry explicit casts, so the text means the same in every
 // pgx exec mode, the simple protocol included.
+//
+// A key with no row is the zero read.Checkpoint: the origin of epoch 0. The
+// first reset creates the row at the origin of epoch 1; rows migrated from
+// before epochs existed are in epoch 0, where they were.
 type storeStatements struct {
-	// read returns the position, 0 (Origin) when the key has no row.
+	// read returns the position and epoch, 0 and 0 when the key has no row.
 	read string
-	// casOrigin creates the row at $3 when the key has none; a row that
-	// exists (a rival committed from Origin first) makes it land nothing.
+	// casOrigin creates the row at $3 in epoch 0 when the key has none: the
+	// commit expected the zero checkpoint. A row that exists (a rival
+	// committed from the origin first, or a reset moved the epoch on) makes
+	// it land nothing; when that row is not committed yet, the insert waits
+	// for its transaction's end first.
 	casOrigin string
-	// cas moves the row from $3 to $4, and lands nothing when it is elsewhere.
-	// Under READ COMMITTED an UPDATE that waited for a rival's lock re-checks
-	// its WHERE on the row the rival committed, so two commits from one
-	// position never both land.
+	// cas moves the row from position $3 in epoch $5 to position $4, and
+	// lands nothing when it is elsewhere, in position or epoch. Under READ
+	// COMMITTED an UPDATE that waited for a rival's lock re-checks its WHERE
+	// on the row the rival committed, so two commits from one checkpoint
+	// never both land, and a commit that waited for a reset finds its epoch
+	// moved on.
 	cas string
-	// reset deletes the row: Origin is the absence of a row.
+	// reset moves the row to the origin of the next epoch, creating it in
+	// epoch 1 when the key has none. It locks the row (or, creating it, the
+	// key's index entry) to the transaction's end.
 	reset string
 }
 
 func (n names) storeStatements() storeStatements {
 	c := n.checkpoints
 	return storeStatements{
-		read: `SELECT coalesce(max(position), 0) FROM ` + c + ` WHERE projection = $1::text AND partition = $2::text`,
-		casOrigin: `INSERT INTO ` + c + ` (projection, partition, position) VALUES ($1::text, $2::text, $3::bigint)
+		read: `SELECT coalesce(max(position), 0), coalesce(max(epoch), 0) FROM ` + c + ` WHERE projection = $1::text AND partition = $2::text`,
+		casOrigin: `INSERT INTO ` + c + ` (projection, partition, position, epoch) VALUES ($1::text, $2::text, $3::bigint, 0)
 ON CONFLICT (projection, partition) DO NOTHING RETURNING 1`,
 		cas: `UPDATE ` + c + ` SET position = $4::bigint, updated_at = clock_timestamp()
-WHERE projection = $1::text AND partition = $2::text AND position = $3::bigint RETURNING 1`,
-		reset: `DELETE FROM ` + c + ` WHERE projection = $1::text AND partition = $2::text`,
+WHERE projection = $1::text AND partition = $2::text AND position = $3::bigint AND epoch = $5::bigint RETURNING 1`,
+		reset: `INSERT INTO ` + c + ` AS c (projection, partition, position, epoch) VALUES ($1::text, $2::text, 0, 1)
+ON CONFLICT (projection, partition) DO UPDATE SET position = 0, epoch = c.epoch + 1, updated_at = clock_timestamp()`,
 	}
 }
 
@@ -75,22 +87,30 @@ func (*Store) Durability() read.Durability { return read.Durable }
 // connection.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
 
-// ReadCheckpoint returns key's position; read.Origin when it has none.
-func (s *Store) ReadCheckpoint(ctx context.Context, key read.CheckpointKey) (read.Position, error) {
+// ReadCheckpoint returns key's checkpoint; the zero read.Checkpoint when it
+// never moved.
+func (s *Store) ReadCheckpoint(ctx context.Context, key read.CheckpointKey) (read.Checkpoint, error) {
 	if err := key.Validate(); err != nil {
-		return 0, err
+		return read.Checkpoint{}, err
 	}
-	var at int64
-	if err := s.db.QueryRow(ctx, s.sql.read, key.Projection, key.Partition).Scan(&at); err != nil {
-		return 0, feed.Unreadable("reading checkpoint "+key.String(), err)
+	return s.readCheckpoint(ctx, s.db, key)
+}
+
+func (s *Store) readCheckpoint(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key read.CheckpointKey) (read.Checkpoint, error) {
+	var at, epoch int64
+	if err := db.QueryRow(ctx, s.sql.read, key.Projection, key.Partition).Scan(&at, &epoch); err != nil {
+		return read.Checkpoint{}, feed.Unreadable("reading checkpoint "+key.String(), err)
 	}
-	return read.Position(at), nil
+	return read.Checkpoint{Position: read.Position(at), Epoch: epoch}, nil
 }
 
 // Commit runs apply in a new transaction, then moves key's checkpoint from
 // expected to next in it, and commits; see read.ProjectionStore. apply gets
 // the transaction: the view's writes and pgfeed's Write join it, so a lost
-// guard rolls back all three.
+// guard rolls back all three. The guard compares the epoch as well as the
+// position, so a commit that waited for a reset loses even from the origin.
 //
 // The checkpoint row is locked only after apply has run. A feed write inside
 // apply takes the feed lock (the feed's generations row) first, so a commit
@@ -98,8 +118,8 @@ func (s *Store) ReadCheckpoint(ctx context.Context, key read.CheckpointKey) (rea
 // takes them in, so the two never deadlock, whether or not apply wrote to a
 // feed. apply's own error is returned unchanged; a database failure is a
 // *feed.WriteFailedError; a lost guard is a *read.CheckpointSupersededError
-// carrying the position the checkpoint was found at.
-func (s *Store) Commit(ctx context.Context, key read.CheckpointKey, expected, next read.Position, apply func(ctx context.Context, tx pgx.Tx) error) error {
+// carrying the checkpoint, position and epoch, it was found at.
+func (s *Store) Commit(ctx context.Context, key read.CheckpointKey, expected read.Checkpoint, next read.Position, apply func(ctx context.Context, tx pgx.Tx) error) error {
 	if err := read.ValidateCommit(key, expected, next); err != nil {
 		return err
 	}
@@ -110,8 +130,8 @@ func (s *Store) Commit(ctx context.Context, key read.CheckpointKey, expected, ne
 				return applyErr
 			}
 		}
-		stmt, args := s.sql.cas, []any{key.Projection, key.Partition, int64(expected), int64(next)}
-		if expected == read.Origin {
+		stmt, args := s.sql.cas, []any{key.Projection, key.Partition, int64(expected.Position), int64(next), expected.Epoch}
+		if expected == (read.Checkpoint{}) {
 			stmt, args = s.sql.casOrigin, []any{key.Projection, key.Partition, int64(next)}
 		}
 		tag, err := tx.Exec(ctx, stmt, args...)
@@ -121,11 +141,11 @@ func (s *Store) Commit(ctx context.Context, key read.CheckpointKey, expected, ne
 		if tag.RowsAffected() == 1 {
 			return nil
 		}
-		var at int64
-		if err := tx.QueryRow(ctx, s.sql.read, key.Projection, key.Partition).Scan(&at); err != nil {
+		at, err := s.readCheckpoint(ctx, tx, key)
+		if err != nil {
 			return err
 		}
-		guardErr = &read.CheckpointSupersededError{Key: key, Expected: expected, Actual: read.Position(at)}
+		guardErr = &read.CheckpointSupersededError{Key: key, Expected: expected, Actual: at}
 		return guardErr
 	})
 	switch {
@@ -139,8 +159,9 @@ func (s *Store) Commit(ctx context.Context, key read.CheckpointKey, expected, ne
 	return feed.WriteFailed("committing checkpoint "+key.String(), err)
 }
 
-// ResetCheckpoint moves key back to read.Origin in a transaction of its own.
-// Emptying the view first is the caller's job (see WithFeed).
+// ResetCheckpoint moves key back to read.Origin, in its next epoch, in a
+// transaction of its own. Emptying the view first is the caller's job (see
+// WithFeed).
 func (s *Store) ResetCheckpoint(ctx context.Context, key read.CheckpointKey) error {
 	if err := key.Validate(); err != nil {
 		return err
@@ -151,9 +172,10 @@ func (s *Store) ResetCheckpoint(ctx context.Context, key read.CheckpointKey) err
 	return nil
 }
 
-// ResetCheckpointTx moves key back to read.Origin inside the caller's tx. It
-// locks the checkpoint row to tx's end, so a commit from the old position
-// that waits for it then finds no row, and loses.
+// ResetCheckpointTx moves key back to read.Origin, in its next epoch, inside
+// the caller's tx. It locks the checkpoint row to tx's end, so a commit that
+// read the checkpoint before the reset and waits for that lock then finds
+// the epoch moved on, and loses, whatever position it expected.
 func (s *Store) ResetCheckpointTx(ctx context.Context, tx pgx.Tx, key read.CheckpointKey) error {
 	if tx == nil {
 		return feed.Invalid("tx", "must not be nil")

@@ -82,13 +82,14 @@ var _ read.ProjectionStore[pgx.Tx] = (*FeedStore)(nil)
 // The reset runs in one transaction opened on store's own pool (TxStore):
 // first the feed lock (the feed's generations row) with the generation bump
 // and the deletion of the feed's rows, then the checkpoint reset through
-// store, then the caller's clear function, if any. Taking the feed lock first makes a
-// commit in flight finish before the reset goes on, and a commit that starts
-// after it wait; such a commit then finds the checkpoint back at Origin, loses
-// its guard, and rolls back its feed rows with its view writes. Commit through
-// this store takes the feed lock before running apply, so both take the feed
-// lock before anything else, and cannot deadlock, whatever apply or the clear
-// function touch. A plain *Store's Commit takes the checkpoint row only after
+// store, then the caller's clear function, if any. Taking the feed lock first
+// makes a commit in flight finish before the reset goes on, and a commit that
+// starts after it wait; such a commit then finds the checkpoint back at the
+// origin of a new epoch, loses its guard whatever position it read (the
+// origin of the epoch before included: see read.Checkpoint), and rolls back
+// its feed rows with its view writes. Commit through this store takes the
+// feed lock before running apply, so both take the feed lock before anything
+// else, and cannot deadlock, whatever apply or the clear function touch. A plain *Store's Commit takes the checkpoint row only after
 // apply, so commits made through it do not deadlock with ResetCheckpoint
 // either; they may with a Rebuild whose clear function touches rows their
 // apply locked before writing the feed.
@@ -154,13 +155,13 @@ func (s *FeedStore) Key() read.CheckpointKey { return s.key }
 func (s *FeedStore) Durability() read.Durability { return s.store.Durability() }
 
 // ReadCheckpoint is the decorated store's.
-func (s *FeedStore) ReadCheckpoint(ctx context.Context, key read.CheckpointKey) (read.Position, error) {
+func (s *FeedStore) ReadCheckpoint(ctx context.Context, key read.CheckpointKey) (read.Checkpoint, error) {
 	return s.store.ReadCheckpoint(ctx, key)
 }
 
 // Commit is the decorated store's Commit; for the bound key, the feed lock
 // is taken in the commit's transaction before apply runs (see WithFeed).
-func (s *FeedStore) Commit(ctx context.Context, key read.CheckpointKey, expected, next read.Position, apply func(ctx context.Context, tx pgx.Tx) error) error {
+func (s *FeedStore) Commit(ctx context.Context, key read.CheckpointKey, expected read.Checkpoint, next read.Position, apply func(ctx context.Context, tx pgx.Tx) error) error {
 	if key != s.key {
 		return s.store.Commit(ctx, key, expected, next, apply)
 	}

@@ -144,13 +144,13 @@ func (r *Runner[Tx]) Step(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	events, err := r.source.ReadAll(ctx, at, r.opts.Batch)
+	events, err := r.source.ReadAll(ctx, at.Position, r.opts.Batch)
 	if err != nil || len(events) == 0 {
 		return 0, err
 	}
 	last := events[len(events)-1].Position
-	if last <= at {
-		return 0, fmt.Errorf("read: event source handed out position %d after %d", last, at)
+	if last <= at.Position {
+		return 0, fmt.Errorf("read: event source handed out position %d after %d", last, at.Position)
 	}
 	if err := r.store.Commit(ctx, r.key, at, last, func(ctx context.Context, tx Tx) error {
 		return r.apply(ctx, tx, events)

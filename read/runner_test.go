@@ -15,12 +15,14 @@ import (
 	"github.com/kairos-es/kairos/read"
 )
 
-// source is an in-memory event source, optionally failing its next reads.
+// source is an in-memory event source, optionally failing its next reads,
+// or running a function once, in its next read.
 type source struct {
 	mu     sync.Mutex
 	events []read.Event
 	fail   int
 	reads  int
+	onRead func()
 }
 
 func (s *source) add(n int) {
@@ -36,6 +38,10 @@ func (s *source) ReadAll(_ context.Context, after read.Position, limit int) ([]r
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reads++
+	if f := s.onRead; f != nil {
+		s.onRead = nil
+		f()
+	}
 	if s.fail > 0 {
 		s.fail--
 		return nil, errors.New("source down")
@@ -88,9 +94,18 @@ func upTo(n int) []read.Position {
 
 var key = read.CheckpointKey{Projection: "p"}
 
+// bounded is t's context, ended after 10 s: a runner that can no longer
+// commit (CatchUp retries a lost guard at once) fails the test instead of
+// spinning to the package timeout.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func TestRunnerStopAndResume(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
+	ctx := bounded(t)
 	src, store, v := &source{}, read.NewMemoryStore(), &view{}
 	src.add(10)
 	r1, err := read.NewRunner(src, store, key, v.apply, read.RunnerOptions{Batch: 3})
@@ -117,8 +132,8 @@ func TestRunnerStopAndResume(t *testing.T) {
 	if !slices.Equal(v.batches, []int{3, 3, 3, 1}) {
 		t.Fatalf("batches %v, want 3,3,3,1", v.batches)
 	}
-	if at, _ := store.ReadCheckpoint(ctx, key); at != 10 {
-		t.Fatalf("checkpoint %d, want 10", at)
+	if at, _ := store.ReadCheckpoint(ctx, key); at != (read.Checkpoint{Position: 10}) {
+		t.Fatalf("checkpoint %v, want position 10", at)
 	}
 	// After a reset the runner replays from the origin.
 	if err := store.ResetCheckpoint(ctx, key); err != nil {
@@ -129,9 +144,71 @@ func TestRunnerStopAndResume(t *testing.T) {
 	}
 }
 
+// A reset between a batch's read of the checkpoint and its commit makes
+// the batch lose: here the first batch of a replay, read from the origin of
+// epoch 1, commits after a second reset. It applies nothing, and the runner
+// replays from the origin of epoch 2.
+func TestRunnerBatchAcrossReset(t *testing.T) {
+	t.Parallel()
+	ctx := bounded(t)
+	src, store, v := &source{}, read.NewMemoryStore(), &view{}
+	src.add(4)
+	r, err := read.NewRunner(src, store, key, v.apply, read.RunnerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.CatchUp(ctx); err != nil || n != 4 {
+		t.Fatalf("CatchUp = %d, %v", n, err)
+	}
+	if err := store.ResetCheckpoint(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	src.onRead = func() {
+		if err := store.ResetCheckpoint(ctx, key); err != nil {
+			t.Error(err)
+		}
+	}
+	src.mu.Unlock()
+	n, err := r.Step(ctx)
+	var sup *read.CheckpointSupersededError
+	if !errors.As(err, &sup) || n != 0 || sup.Expected != (read.Checkpoint{Epoch: 1}) || sup.Actual != (read.Checkpoint{Epoch: 2}) {
+		t.Fatalf("Step across a reset = %d, %v; want superseded at the origin of epoch 2", n, err)
+	}
+	if got := v.positions(); !slices.Equal(got, upTo(4)) {
+		t.Fatalf("the lost batch was applied: %v", got)
+	}
+	if n, err := r.CatchUp(ctx); err != nil || n != 4 {
+		t.Fatalf("replay = %d, %v", n, err)
+	}
+	if got := v.positions(); !slices.Equal(got, append(upTo(4), upTo(4)...)) {
+		t.Fatalf("applied %v, want 1..4 and the replay 1..4", got)
+	}
+	if at, _ := store.ReadCheckpoint(ctx, key); at != (read.Checkpoint{Position: 4, Epoch: 2}) {
+		t.Fatalf("checkpoint %v, want position 4 of epoch 2", at)
+	}
+	// CatchUp retries a lost batch at once, and replays to the end.
+	if err := store.ResetCheckpoint(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	src.onRead = func() {
+		if err := store.ResetCheckpoint(ctx, key); err != nil {
+			t.Error(err)
+		}
+	}
+	src.mu.Unlock()
+	if n, err := r.CatchUp(ctx); err != nil || n != 4 {
+		t.Fatalf("CatchUp whose first batch lost = %d, %v; want the 4 events replayed", n, err)
+	}
+	if at, _ := store.ReadCheckpoint(ctx, key); at != (read.Checkpoint{Position: 4, Epoch: 4}) {
+		t.Fatalf("checkpoint %v, want position 4 of epoch 4", at)
+	}
+}
+
 func TestRunnersRacing(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
+	ctx := bounded(t)
 	src, store, v := &source{}, read.NewMemoryStore(), &view{}
 	src.add(200)
 	var wg sync.WaitGroup
@@ -199,6 +276,18 @@ func TestRunnerRun(t *testing.T) {
 	if got := v.positions(); !slices.Equal(got, upTo(8)) {
 		t.Fatalf("applied %v after a poll", got)
 	}
+	// A recovery starts the backoff over: the next failure waits Poll again.
+	src.mu.Lock()
+	src.fail = 1
+	src.mu.Unlock()
+	reads := src.readCount()
+	clock.Advance(time.Second)
+	waitTimer() // the poll's read failed; waiting Poll, not 4×Poll
+	clock.Advance(time.Second)
+	waitTimer()
+	if got := src.readCount(); got != reads+2 {
+		t.Fatalf("%d reads a Poll after a failure that followed a recovery, want %d: the backoff did not start over", got, reads+2)
+	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run returned %v", err)
@@ -216,11 +305,11 @@ func TestRunnerApplyFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.CatchUp(t.Context()); !errors.Is(err, boom) {
+	if _, err := r.CatchUp(bounded(t)); !errors.Is(err, boom) {
 		t.Fatalf("CatchUp = %v", err)
 	}
-	if at, _ := store.ReadCheckpoint(t.Context(), key); at != read.Origin {
-		t.Fatalf("checkpoint moved to %d", at)
+	if at, _ := store.ReadCheckpoint(t.Context(), key); at != (read.Checkpoint{}) {
+		t.Fatalf("checkpoint moved to %v", at)
 	}
 }
 
