@@ -9,26 +9,6 @@ import (
 	"github.com/kairos-es/kairos/feed"
 )
 
-// Reading your writes: an API that has just written a change often must
-// answer only once the search index or the cache shows it. The write already
-// says where it landed (feed.WriteResult); WaitApplied waits until a sink's
-// cursor says the sink has it, WaitAppliedAll does so for every registered
-// sink of the feed, and Runner.WaitCaughtUp for every target of a runner at
-// the feed's head.
-//
-// # Why a helper here and a hook in the store
-//
-// The decision (applied, parked, superseded) is the same for every store and
-// reads only what feed.SyncStore already exposes: the cursor and the parked
-// list. So it lives once, here, over any SyncStore. What differs per store is
-// how a waiter learns that a cursor moved without polling hard, and that is
-// the optional feed.CursorWatcher: pgfeed notifies a channel of its own from
-// the cursor-move statement, so a waiter in a process that runs no worker (a
-// web handler beside a daemon) is woken within milliseconds of the move;
-// memfeed wakes in-process. A store that is no CursorWatcher still works, at
-// the pace of WaitOptions.PollInterval, which is also the fallback for a
-// wake-up lost to a reconnect.
-
 // DefaultWaitPollInterval is how long a waiter waits for a cursor wake-up
 // before it reads the cursors anyway. Waits are short (a request's deadline)
 // and wake-ups carry the latency, so a second is slow enough to cost nothing
@@ -123,8 +103,8 @@ func targetOf(w feed.WriteResult) (t target, ok bool, err error) {
 // WaitApplied waits until the sink id has applied the write w, as its Write
 // returned it, and says how: applied, parked for this sink (which records,
 // with the reasons) or superseded by a rebuild; see Outcome. It is woken by
-// the store's cursor moves when the store is a feed.CursorWatcher (see the
-// top of this file), and reads the cursor at every wake-up and every
+// the store's cursor moves when the store is a feed.CursorWatcher (the
+// package doc, "Reading your writes", says why), and reads the cursor at every wake-up and every
 // opts.PollInterval. It runs no worker and needs none in this process: any
 // process that moves the sink's cursor through the same database wakes it.
 //

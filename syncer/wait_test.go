@@ -334,3 +334,36 @@ func TestWaitCaughtUp(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitAppliedBadInput: a store, sink, feed, write or poll interval a
+// caller got wrong is refused with an error naming it, before any wait.
+func TestWaitAppliedBadInput(t *testing.T) {
+	e := newEnv(t, memBackend)
+	id := e.id("s")
+	good := feed.WriteResult{Generation: 1, First: 1, Last: 2}
+	for _, c := range []struct {
+		what  string
+		store feed.SyncStore
+		id    feed.SinkID
+		w     feed.WriteResult
+		opts  syncer.WaitOptions
+		field string
+	}{
+		{"no store", nil, id, good, syncer.WaitOptions{}, "store"},
+		{"a bad sink name", e.h.Store, feed.SinkID{Feed: e.feed, Sink: "a b"}, good, syncer.WaitOptions{}, "sink"},
+		{"generation 0", e.h.Store, id, feed.WriteResult{First: 1, Last: 1}, syncer.WaitOptions{}, "write.generation"},
+		{"first seq 0", e.h.Store, id, feed.WriteResult{Generation: 1, Last: 3}, syncer.WaitOptions{}, "write.first"},
+		{"last below first", e.h.Store, id, feed.WriteResult{Generation: 1, First: 3, Last: 2}, syncer.WaitOptions{}, "write.last"},
+		{"a negative poll interval", e.h.Store, id, good, syncer.WaitOptions{PollInterval: -time.Second}, "wait.poll_interval"},
+	} {
+		_, err := syncer.WaitApplied(e.ctx, c.store, c.id, c.w, c.opts)
+		var inv *feed.InvalidError
+		if !errors.As(err, &inv) || !strings.Contains(inv.Field, c.field) {
+			t.Errorf("WaitApplied with %s = %v; want an *feed.InvalidError naming %s", c.what, err, c.field)
+		}
+		_, err = syncer.WaitAppliedAll(e.ctx, c.store, c.id.Feed, c.w, c.opts)
+		if c.field != "sink" && (!errors.As(err, &inv) || !strings.Contains(inv.Field, c.field)) {
+			t.Errorf("WaitAppliedAll with %s = %v; want an *feed.InvalidError naming %s", c.what, err, c.field)
+		}
+	}
+}
