@@ -341,6 +341,10 @@ func TestWaitAppliedBadInput(t *testing.T) {
 	e := newEnv(t, memBackend)
 	id := e.id("s")
 	good := feed.WriteResult{Generation: 1, First: 1, Last: 2}
+	// No worker runs: an input let through would wait, so the wait is cut
+	// short and fails as not refused.
+	ctx, cancel := context.WithTimeout(e.ctx, 200*time.Millisecond)
+	defer cancel()
 	for _, c := range []struct {
 		what  string
 		store feed.SyncStore
@@ -356,12 +360,12 @@ func TestWaitAppliedBadInput(t *testing.T) {
 		{"last below first", e.h.Store, id, feed.WriteResult{Generation: 1, First: 3, Last: 2}, syncer.WaitOptions{}, "write.last"},
 		{"a negative poll interval", e.h.Store, id, good, syncer.WaitOptions{PollInterval: -time.Second}, "wait.poll_interval"},
 	} {
-		_, err := syncer.WaitApplied(e.ctx, c.store, c.id, c.w, c.opts)
+		_, err := syncer.WaitApplied(ctx, c.store, c.id, c.w, c.opts)
 		var inv *feed.InvalidError
 		if !errors.As(err, &inv) || !strings.Contains(inv.Field, c.field) {
 			t.Errorf("WaitApplied with %s = %v; want an *feed.InvalidError naming %s", c.what, err, c.field)
 		}
-		_, err = syncer.WaitAppliedAll(e.ctx, c.store, c.id.Feed, c.w, c.opts)
+		_, err = syncer.WaitAppliedAll(ctx, c.store, c.id.Feed, c.w, c.opts)
 		if c.field != "sink" && (!errors.As(err, &inv) || !strings.Contains(inv.Field, c.field)) {
 			t.Errorf("WaitAppliedAll with %s = %v; want an *feed.InvalidError naming %s", c.what, err, c.field)
 		}
