@@ -27,10 +27,9 @@ type Options struct {
 
 // Store is an in-memory feed and sync store for any number of feeds. It
 // implements feed.Writer[*Tx], feed.Reader, feed.SyncStore and
-// feed.CursorWatcher, and is safe for
-// concurrent use. One mutex guards all state; every operation holds it for its
-// whole length, which is what makes each one atomic and the whole store easy to
-// check by reading.
+// feed.CursorWatcher, and is safe for concurrent use. One mutex guards all
+// state; every operation holds it for its whole length, which is what makes
+// each one atomic and the whole store easy to check by reading.
 type Store struct {
 	lease  feed.LeaseOptions
 	clock  feed.Clock
