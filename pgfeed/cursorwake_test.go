@@ -80,6 +80,50 @@ func TestCursorWakeAcrossStores(t *testing.T) {
 	quietFor("a move of another feed's sink", elsewhere)
 }
 
+// TestCursorWakeAfterReconnect terminates the listener's session: once it is
+// back, every cursor subscription is signalled (a move made while it was down
+// sent a notification nobody heard), and moves wake it again.
+func TestCursorWakeAfterReconnect(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	app := fmt.Sprintf("kairos-cursor-listen-%d", time.Now().UnixNano())
+	cfg, err := pgx.ParseConfig(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	s := newStore(t, d, pgfeed.Options{Listen: func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) }})
+	ctx := t.Context()
+	id := feed.SinkID{Feed: "reconnect", Sink: "s"}
+	if _, err := s.WriteCommitted(ctx, id.Feed, []feed.Change{feed.Put("k", []byte(`1`))}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := s.SubscribeCursors(ctx, id.Feed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	select {
+	case <-sub.C():
+	default:
+	}
+	woken := func(what string) {
+		t.Helper()
+		select {
+		case <-sub.C():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no wake-up within 10s", what)
+		}
+	}
+	terminate(t, d.pool, app)
+	woken("the listener's session came back")
+	l := mustAcquire(t, s, ctx, id)
+	if err := s.CASCursor(ctx, feed.CursorMove{ID: id, Holder: l.Holder(), Next: feed.Cursor{Generation: 1, Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	woken("a move after the reconnect")
+}
+
 // BenchmarkCASCursor measures a catch-up's cursor move (no park changes) by
 // one worker and by eight at once, each with a sink of its own, in moves per
 // second: CASCursor (the guard against the generations row and the cursor
