@@ -57,3 +57,33 @@ func TestResyncGenerationMovesBeforeItsMove(t *testing.T) {
 		noProblems(t, w)
 	})
 }
+
+// TestIncrementalMoveLosesToRebuild rebuilds the feed while an incremental
+// batch is in the sink, after its read: the store refuses the batch's move of
+// the generation gone, and the worker, taking the lease again, resyncs into
+// the new generation.
+func TestIncrementalMoveLosesToRebuild(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		e.write(feed.Put("a", doc(`{"g":1}`)))
+		w := newWorld(e, "search")
+		run, _ := one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "apply" && once.CompareAndSwap(false, true) {
+				e.rebuild()
+				e.write(feed.Put("b", doc(`{"g":2}`)))
+			}
+			return nil
+		})
+		e.write(feed.Put("a", doc(`{"g":1,"v":2}`)))
+		e.waitCaughtUp(w.id)
+		if g, c := w.generation(), e.cursor(w.id); g != 2 || c.Generation != 2 {
+			t.Fatalf("published generation %d, cursor %v; want generation 2 for both", g, c)
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink after the rebuild under an incremental batch", w.docs(), want)
+		e.eventually("a second resync counted", e.limit(), func() bool { return run.r.States()[0].Resyncs == 2 })
+		noProblems(t, w)
+	})
+}
