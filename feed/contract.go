@@ -73,7 +73,9 @@ type SyncStore interface {
 	// is not registered.
 	ReadCursor(ctx context.Context, id SinkID) (Cursor, error)
 	// CASCursor makes the fenced move m (see CursorMove) in one atomic step, or
-	// returns a *CursorSupersededError and changes nothing.
+	// returns a *CursorSupersededError (or, for a Next the feed never had, an
+	// *InvalidError) and changes nothing. A store that is a CursorWatcher
+	// wakes the feed's cursor subscribers once a move lands.
 	CASCursor(ctx context.Context, m CursorMove) error
 	// ReadParked returns the sink's parked records, in key order.
 	ReadParked(ctx context.Context, id SinkID) ([]ParkedRecord, error)
@@ -94,6 +96,24 @@ type SyncStore interface {
 	RemoveSink(ctx context.Context, id SinkID) (bool, error)
 	// Describe reports the feed for an operator.
 	Describe(ctx context.Context, feed FeedName) (Description, error)
+}
+
+// CursorWatcher is a SyncStore that can wake whoever waits for a sink's
+// cursor to move: a web handler that must answer only once its write reached
+// the search index, say (syncer.WaitApplied). It is optional, since a waiter
+// can always poll ReadCursor; pgfeed's and memfeed's stores implement it.
+//
+// The wake-up comes from the store, not from the worker that moved the
+// cursor, so it reaches a waiter in any process that shares the store's
+// database, including one that runs no worker at all.
+type CursorWatcher interface {
+	// SubscribeCursors returns a subscription signalled after a cursor move
+	// of any sink of feed lands. The same rules as Reader.Subscribe hold: a
+	// move that lands after SubscribeCursors returns always signals
+	// (subscribe, then read the cursor, then wait); wake-ups coalesce and may
+	// be spurious; and a waiter must still poll slowly, for a wake-up lost to
+	// a reconnect.
+	SubscribeCursors(ctx context.Context, feed FeedName) (Subscription, error)
 }
 
 // Lease is the right to send to one sink now. Its holder is recorded on the

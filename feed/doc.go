@@ -28,7 +28,9 @@
 //   - Atomic moves: a move that loses its guard changes nothing, parks included.
 //   - Safe collection: a tombstone goes only when every registered sink is past
 //     it, never while a registered sink has no cursor, never while its key is
-//     parked for any sink (SyncStore.CollectTombstones).
+//     parked for any sink (SyncStore.CollectTombstones). Collection can trust
+//     the cursors because a move only lands on a place the feed has been: its
+//     generation, at or below its head (CursorMove).
 //   - At most one stale sink call per lost lease (LeaseOptions).
 //   - Bad input is refused with an *InvalidError naming the field, before
 //     anything is written.

@@ -76,9 +76,17 @@ func (e *LeaseLostError) Unwrap() error { return e.Err }
 // matches ErrCursorSuperseded.
 type CursorSupersededError struct {
 	ID SinkID
+	// Generation is not zero when the move was refused because it named a
+	// generation older than the feed's, which is then Generation: a rebuild
+	// moved the feed on since the caller read it, and the sink must resync.
+	// It is zero when the lease holder or the expected cursor did not match.
+	Generation Generation
 }
 
 func (e *CursorSupersededError) Error() string {
+	if e.Generation != 0 {
+		return fmt.Sprintf("feed %q sink %q: %v (the feed moved on to generation %d)", e.ID.Feed, e.ID.Sink, ErrCursorSuperseded, e.Generation)
+	}
 	return fmt.Sprintf("feed %q sink %q: %v (the lease holder or the cursor changed)", e.ID.Feed, e.ID.Sink, ErrCursorSuperseded)
 }
 

@@ -156,6 +156,22 @@ type ParkChange struct {
 // (the zero Cursor when the sink has none); then the cursor becomes Next and the
 // parked list changes by Parked, in one atomic step. Otherwise nothing changes
 // and the store returns a *CursorSupersededError.
+//
+// Next must also be a place the feed has been: of the feed's generation, at
+// or below its head. Tombstone collection trusts every cursor, so a cursor
+// past the head would let it delete tombstones the sink never saw. The store
+// checks it in the same atomic step as the guard, and refuses, changing
+// nothing:
+//
+//   - a generation older than the feed's with a *CursorSupersededError whose
+//     Generation is the feed's: a rebuild won the race with the caller, who
+//     must resync;
+//   - a generation newer than the feed's, or a seq above the head, with an
+//     *InvalidError naming move.next.generation or move.next.seq: the caller
+//     never read such a place, so it is a bug, which only the store can see.
+//
+// A seq below the generation's first row is allowed: a resync of an empty
+// generation moves to seq 0.
 type CursorMove struct {
 	ID       SinkID
 	Holder   LeaseHolder

@@ -60,6 +60,18 @@
 // serves one materialisation, which commits in batches. The commit notifies the
 // store's channel (one per schema and prefix, the feed's name as payload).
 //
+// # Cursor moves
+//
+// A cursor move is one statement (plus one for its park changes, in the same
+// transaction): the holder's and the expected cursor's guard, the check that
+// the next cursor is of the feed's generation and at or below its head
+// (against the generations row; see feed.CursorMove), and, when it lands, a
+// notification on a cursor channel of its own (one per schema and prefix, the
+// feed's name as payload). The store's listener relays it to
+// SubscribeCursors, so a process that runs no worker can wait for a write to
+// reach a sink (syncer.WaitApplied) and be woken within milliseconds of the
+// move; cursorwake.go says what the notification costs.
+//
 // # Time
 //
 // With the system clock, every stored time that decides a lease is stamped and

@@ -99,6 +99,9 @@ func TestLeaseRowDatabaseClock(t *testing.T) {
 			if since := time.Since(lostAt); since < timings.Margin-200*time.Millisecond {
 				t.Errorf("the rival took the lease %v after the holder's EnsureHeld failed; want about a margin (%v) later", since, timings.Margin)
 			}
+			if _, err := b.WriteCommitted(ctx, id.Feed, []feed.Change{feed.Put("k", []byte(`1`))}); err != nil {
+				t.Fatal(err) // seq 1, for the moves below
+			}
 			err = b.CASCursor(ctx, feed.CursorMove{ID: id, Holder: la.Holder(), Expected: feed.Cursor{Generation: 1}, Next: feed.Cursor{Generation: 1, Seq: 1}})
 			wantErr(t, "a move by the fenced-out holder", err, feed.ErrCursorSuperseded)
 			if err := b.CASCursor(ctx, feed.CursorMove{ID: id, Holder: lb.Holder(), Expected: feed.Cursor{Generation: 1}, Next: feed.Cursor{Generation: 1, Seq: 1}}); err != nil {
@@ -331,6 +334,9 @@ func TestAdvisoryLease(t *testing.T) {
 		b := mustAcquire(t, advB, ctx, id)
 		if err := b.EnsureHeld(ctx); err != nil {
 			t.Fatalf("the rival's EnsureHeld: %v", err)
+		}
+		if _, err := row.WriteCommitted(ctx, id.Feed, []feed.Change{feed.Put("k", []byte(`1`))}); err != nil {
+			t.Fatal(err) // seq 1, for the move below
 		}
 		err = advA.CASCursor(ctx, feed.CursorMove{ID: id, Holder: a.Holder(), Expected: feed.Cursor{Generation: 1}, Next: feed.Cursor{Generation: 1, Seq: 1}})
 		wantErr(t, "a move by the terminated holder", err, feed.ErrCursorSuperseded)

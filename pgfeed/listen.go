@@ -32,6 +32,8 @@ type listener struct {
 	subs  map[feed.FeedName]map[*subscription]struct{}
 	ready chan struct{} // closed once the first LISTEN is in place
 	isUp  bool
+	// cursors are the cursor-move subscriptions (cursorwake.go), guarded by mu.
+	cursors cursorWaiters
 
 	warned bool // the pooler warning was logged; only run's goroutine uses it
 }
@@ -103,7 +105,7 @@ func (l *listener) session(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgschema.Quote(l.s.names.channel), pgx.QueryExecModeSimpleProtocol); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgschema.Quote(l.s.names.channel)+"; LISTEN "+pgschema.Quote(l.s.names.cursorChannel), pgx.QueryExecModeSimpleProtocol); err != nil {
 		return err
 	}
 	// Behind a transaction pooler the LISTEN went to a server session the
@@ -127,6 +129,7 @@ func (l *listener) session(ctx context.Context) error {
 			sub.signal()
 		}
 	}
+	l.cursors.signalAll()
 	l.mu.Unlock()
 	for {
 		n, err := conn.WaitForNotification(ctx)
@@ -134,8 +137,12 @@ func (l *listener) session(ctx context.Context) error {
 			return err
 		}
 		l.mu.Lock()
-		for sub := range l.subs[feed.FeedName(n.Payload)] {
-			sub.signal()
+		if n.Channel == l.s.names.cursorChannel {
+			l.cursors.signal(feed.FeedName(n.Payload))
+		} else {
+			for sub := range l.subs[feed.FeedName(n.Payload)] {
+				sub.signal()
+			}
 		}
 		l.mu.Unlock()
 	}

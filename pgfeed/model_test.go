@@ -246,6 +246,16 @@ func (m *model) actions() map[string]func(*rapid.T) {
 				expected = feed.Cursor{Generation: gen, Seq: feed.Seq(rapid.Int64Range(0, int64(head)).Draw(t, "expSeq"))}
 			}
 			next := feed.Cursor{Generation: gen, Seq: feed.Seq(rapid.Int64Range(int64(cur.Seq), int64(head)).Draw(t, "nextSeq"))}
+			// Now and then a place the feed never had: above the head, or
+			// of a generation before or after the feed's.
+			switch rapid.IntRange(0, 9).Draw(t, "unknownNext") {
+			case 0:
+				next.Seq = head + feed.Seq(rapid.Int64Range(1, 3).Draw(t, "aboveHead"))
+			case 1:
+				next.Generation = gen + 1
+			case 2:
+				next.Generation = max(feed.FirstGeneration, gen-1)
+			}
 			change := feed.ParkChange{Replace: rapid.IntRange(0, 4).Draw(t, "replace") == 0}
 			// Mostly no parks: a key parked anywhere keeps its tombstone, and
 			// parks everywhere would leave collection nothing to do.
@@ -266,6 +276,12 @@ func (m *model) actions() map[string]func(*rapid.T) {
 			mv.Holder = l.pg.Holder()
 			errB := m.pg.CASCursor(m.ctx, mv)
 			same(t, "cas", errA, errB)
+			var supA, supB *feed.CursorSupersededError
+			var invA, invB *feed.InvalidError
+			if (errors.As(errA, &supA) && errors.As(errB, &supB) && supA.Generation != supB.Generation) ||
+				(errors.As(errA, &invA) && errors.As(errB, &invB) && invA.Field != invB.Field) {
+				t.Fatalf("cas: memfeed says %v, pgfeed says %v", errA, errB)
+			}
 			if errA == nil {
 				m.seen.casLanded.Add(1)
 			} else {

@@ -84,6 +84,10 @@ type names struct {
 	// channel is the NOTIFY channel of every feed under this schema and
 	// prefix; the payload is the feed's name.
 	channel string
+	// cursorChannel is the NOTIFY channel of every cursor move under this
+	// schema and prefix, the payload the feed's name; a channel of its own,
+	// so that cursor moves never wake a worker waiting for commits.
+	cursorChannel string
 }
 
 // resolveNames validates schema and prefix (empty means default) and builds
@@ -95,12 +99,13 @@ func resolveNames(schema, prefix string) (names, error) {
 	}
 	schema, prefix, t := n.Schema, n.Prefix, n.Table
 	return names{
-		schema:      schema,
-		prefix:      prefix,
-		generations: t("generations"),
-		rows:        t("rows"),
-		cursors:     t("cursors"),
-		parked:      t("parked"),
-		channel:     fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
+		schema:        schema,
+		prefix:        prefix,
+		generations:   t("generations"),
+		rows:          t("rows"),
+		cursors:       t("cursors"),
+		parked:        t("parked"),
+		channel:       fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
+		cursorChannel: fmt.Sprintf("kairos_cursor_%016x", uint64(lockKey("cursor", schema, prefix))),
 	}, nil
 }

@@ -67,12 +67,22 @@ type statements struct {
 	// readCursor reads a sink's cursor (NULLs when absent).
 	readCursor string
 	// cas is the fenced cursor move: it lands only when the row names the
-	// holder and the cursor is the expected one, and it locks the row, so
-	// moves of one sink serialise. casParks, in the same transaction after a
-	// move that landed, applies the park changes (replace or unpark, then
-	// park). Keys the move parks are left out of its deletes, because one
-	// statement may not both delete and upsert a row; the upsert overwrites
-	// them anyway.
+	// holder and the cursor is the expected one, and the next cursor is of
+	// the feed's generation and at or below its head, as the generations row
+	// has them (none: generation 1, head 0); it locks the cursor row, so
+	// moves of one sink serialise. It returns whether it landed and the
+	// generation and head it compared with, which tell a refusal's cause, and
+	// a move that landed notifies the cursor channel, all in one statement.
+	// The generations row is read from the statement's snapshot, not locked
+	// (a writer holds its lock to its commit): a rebuild that commits after
+	// that snapshot orders after the move, which then landed just before it,
+	// and the head it sees is at most the real one, so the check is never
+	// looser than the feed; a worker's next cursor came from a batch that
+	// committed before the move began, so it is never refused wrongly.
+	// casParks, in the same transaction after a move that landed, applies the
+	// park changes (replace or unpark, then park). Keys the move parks are
+	// left out of its deletes, because one statement may not both delete and
+	// upsert a row; the upsert overwrites them anyway.
 	cas, casParks string
 	// readParked lists a sink's parked records in key (byte) order.
 	readParked string
@@ -164,9 +174,17 @@ RETURNING 1`,
 		unlock:    `SELECT pg_advisory_unlock($1::bigint)`,
 
 		readCursor: `SELECT generation, seq FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
-		cas: `UPDATE ` + c + ` SET generation = $4::bigint, seq = $5::bigint, last_advance_at = ` + nowAt(8) + `
-WHERE feed = $1::text AND sink = $2::text AND lease_holder = $3::text
-  AND generation IS NOT DISTINCT FROM $6::bigint AND seq IS NOT DISTINCT FROM $7::bigint`,
+		cas: `WITH f AS (
+	SELECT coalesce(max(generation), 1) AS generation, coalesce(max(head), 0) AS head FROM ` + g + ` WHERE feed = $1::text
+), m AS (
+	UPDATE ` + c + ` AS c SET generation = $4::bigint, seq = $5::bigint, last_advance_at = ` + nowAt(8) + `
+	FROM f
+	WHERE c.feed = $1::text AND c.sink = $2::text AND c.lease_holder = $3::text
+	  AND c.generation IS NOT DISTINCT FROM $6::bigint AND c.seq IS NOT DISTINCT FROM $7::bigint
+	  AND f.generation = $4::bigint AND f.head >= $5::bigint
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM m, LATERAL (SELECT pg_notify($9::text, $1::text)) AS n), f.generation, f.head FROM f`,
 		casParks: `WITH cleared AS (
 	DELETE FROM ` + p + ` AS p
 	WHERE p.feed = $1::text AND p.sink = $2::text

@@ -16,9 +16,9 @@ import (
 )
 
 // Store is the Postgres feed and sync store for every feed under one schema
-// and table prefix. It implements feed.Writer[pgx.Tx], feed.Reader and
-// feed.SyncStore and is safe for concurrent use. Migrate must have run; New
-// checks that it did.
+// and table prefix. It implements feed.Writer[pgx.Tx], feed.Reader,
+// feed.SyncStore and feed.CursorWatcher and is safe for concurrent use.
+// Migrate must have run; New checks that it did.
 type Store struct {
 	db     DBTX
 	names  names

@@ -82,29 +82,33 @@ func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 	if parkKeys == nil {
 		parkKeys, parkSeqs, parkReasons, parkTimes = []string{}, []int64{}, []string{}, []time.Time{}
 	}
+	// move runs the guarded move and says why it was refused, if it was.
+	move := func(q DBTX) (refused, err error) {
+		var landed, gen, head int64
+		err = q.QueryRow(ctx, s.sql.cas,
+			string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
+			int64(m.Next.Generation), int64(m.Next.Seq), expGen, expSeq, s.now(), s.names.cursorChannel).Scan(&landed, &gen, &head)
+		if err != nil || landed > 0 {
+			return nil, err
+		}
+		return refusal(m, feed.Generation(gen), feed.Seq(head)), nil
+	}
 	if !m.Parked.Replace && len(unpark) == 0 && len(parkKeys) == 0 {
 		// No park changes: the guarded move is one statement, atomic on its
 		// own, so it needs no transaction around it (one round trip, not three).
-		tag, err := s.db.Exec(ctx, s.sql.cas,
-			string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
-			int64(m.Next.Generation), int64(m.Next.Seq), expGen, expSeq, s.now())
+		refused, err := move(s.db)
 		if err != nil {
 			return feed.WriteFailed("moving the cursor of "+m.ID.String(), err)
 		}
-		if tag.RowsAffected() == 0 {
-			return &feed.CursorSupersededError{ID: m.ID}
-		}
-		return nil
+		return refused
 	}
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, s.sql.cas,
-			string(m.ID.Feed), string(m.ID.Sink), string(m.Holder),
-			int64(m.Next.Generation), int64(m.Next.Seq), expGen, expSeq, s.now())
+		refused, err := move(tx)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			return errRefused{&feed.CursorSupersededError{ID: m.ID}}
+		if refused != nil {
+			return errRefused{refused}
 		}
 		_, err = tx.Exec(ctx, s.sql.casParks, string(m.ID.Feed), string(m.ID.Sink),
 			m.Parked.Replace, unpark, parkKeys, parkSeqs, parkReasons, parkTimes)
@@ -117,6 +121,21 @@ func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 		return feed.WriteFailed("moving the cursor of "+m.ID.String(), err)
 	}
 	return nil
+}
+
+// refusal is the error of a move the cas statement refused, from the feed's
+// generation and head it compared with: the feed's place first, then the
+// sink's guard, in the order memfeed decides; see feed.CursorMove.
+func refusal(m feed.CursorMove, gen feed.Generation, head feed.Seq) error {
+	switch {
+	case m.Next.Generation > gen:
+		return feed.Invalid("move.next.generation", "is %d; the feed is at generation %d", m.Next.Generation, gen)
+	case m.Next.Generation < gen:
+		return &feed.CursorSupersededError{ID: m.ID, Generation: gen}
+	case m.Next.Seq > head:
+		return feed.Invalid("move.next.seq", "is %d, above the feed's head %d; a cursor moves only past seqs the feed handed out", m.Next.Seq, head)
+	}
+	return &feed.CursorSupersededError{ID: m.ID}
 }
 
 // ReadParked returns id's parked records in key order.

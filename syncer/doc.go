@@ -58,6 +58,29 @@
 //     feed, which keeps only each key's latest version, so a resend never
 //     takes a key back.
 //
+// # Reading your writes
+//
+// An API that has just written a change often must answer only once the
+// search index or the cache shows it. The write already says where it landed
+// (feed.WriteResult); WaitApplied waits until a sink's cursor has passed it
+// and says how it ended: applied, parked for that sink (which records, with
+// the sink's reasons), or superseded by a rebuild (the sink's cursor moved to
+// a later generation). WaitAppliedAll does so for every sink registered when
+// it is called, and Runner.WaitCaughtUp for every target of a runner at its
+// feed's head as read when it is called.
+//
+// The decision reads only what every feed.SyncStore exposes, the cursor and
+// the parked list, so it lives once, here, over any store; no store repeats
+// it. What differs per store is how a waiter learns that a cursor moved
+// without polling hard: the optional feed.CursorWatcher. pgfeed notifies a
+// channel of its own from the cursor-move statement itself, so a waiter in a
+// process that runs no worker (a web handler beside the daemon) is woken
+// within milliseconds of the move wherever the worker runs; memfeed wakes
+// in-process. A store that is no CursorWatcher still works, at the pace of
+// WaitOptions.PollInterval, which is also the fallback for a wake-up lost to
+// a reconnect. A wrapper around a store must keep its SubscribeCursors, or
+// its waiters only poll.
+//
 // # How it fails
 //
 // Infrastructure faults (feed.ErrUnreadable, feed.ErrWriteFailed, a
@@ -65,7 +88,10 @@
 // Run and never move the cursor: the worker backs off exponentially with
 // jitter, re-reads its cursor and parked list, and tries again. A lost lease
 // or a superseded cursor makes it stop sending, release the lease and take it
-// again from the start. An feed.ErrInvalid from the store is a bug in the
+// again from the start, except a resync's final move refused because a
+// rebuild moved the feed on (feed.CursorSupersededError.Generation): the
+// copy just published is of a generation gone, and the resync starts again
+// under the same lease. An feed.ErrInvalid from the store is a bug in the
 // store or the worker; it is logged as an error and backed off like a fault,
 // so it neither spins nor goes unseen. A worker that cannot subscribe to the
 // feed's wake-ups polls meanwhile: lost wake-ups cost latency, never progress.

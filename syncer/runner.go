@@ -21,6 +21,8 @@ type Target struct {
 // targets: the lease decides which worker sends to each sink.
 type Runner struct {
 	workers []*Worker
+	store   feed.Store // for WaitCaughtUp
+	opts    Options    // resolved
 	running atomic.Bool
 }
 
@@ -38,7 +40,7 @@ func NewRunner(store feed.Store, targets []Target, opts Options) (*Runner, error
 		return nil, err
 	}
 	seen := make(map[feed.SinkID]int, len(targets))
-	r := &Runner{}
+	r := &Runner{store: store, opts: opts}
 	for i, t := range targets {
 		field := fmt.Sprintf("targets[%d]", i)
 		if err := t.ID.Feed.Validate(); err != nil {

@@ -621,6 +621,13 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		return 0
 	})
 	if err := s.move(ctx, feed.Cursor{Generation: gen, Seq: after}, feed.ParkChange{Replace: true, Park: park}); err != nil {
+		// A rebuild between the last read and the move: the copy just
+		// published is of a generation gone, so resync again, under the
+		// same lease (the store refused the move and changed nothing).
+		var sup *feed.CursorSupersededError
+		if errors.As(err, &sup) && sup.Generation > gen {
+			return errGenerationMoved
+		}
 		return err
 	}
 	s.parked = make(map[feed.Key]feed.Seq, len(park))

@@ -94,7 +94,7 @@ func run(ctx context.Context, url, dir string) error {
 	defer func() { stop(); <-done }()
 
 	show := func() error {
-		if err := runner.WaitCaughtUp(ctx); err != nil {
+		if _, err := runner.WaitCaughtUp(ctx); err != nil {
 			return err
 		}
 		lines, err := sink.Listing()

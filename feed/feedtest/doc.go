@@ -37,7 +37,8 @@
 // cursor, a park that survives a refused move, collection that ignores a sink
 // without a cursor or a parked tombstone, a lease taken while live, EnsureHeld
 // without its margin, a retry that keeps the seq, a batch with the wrong
-// generation, writers without the feed lock) and requires each run to fail in
+// generation, writers without the feed lock, a move trusted to any next
+// cursor, a move that wakes no cursor subscriber) and requires each run to fail in
 // the subtest that covers the broken rule, and the run with no fault to pass.
 // This package's own tests do the same for RunSink with a map sink broken one
 // rule at a time.
@@ -89,6 +90,16 @@
 //     the recorded holder; an unregistered sink cannot be moved.
 //   - RefusedCASChangesNothing: guarantee 5. A refused move changes neither
 //     the cursor, the parked list nor the last advance.
+//   - CASRefusesUnknownNext: a move to a seq above the head, or to a
+//     generation the feed has not reached, is an *feed.InvalidError naming
+//     move.next.seq or move.next.generation; after a rebuild, a move of the
+//     generation before it is a *feed.CursorSupersededError naming the new
+//     generation; none changes the cursor, the parked list or the last
+//     advance; a move into the new generation at seq 0 lands.
+//   - CursorWake (when the harness's Store or Reader is a
+//     feed.CursorWatcher): every move that
+//     lands, with or without park changes, signals the feed's cursor
+//     subscription; Close is idempotent.
 //   - ParkChanges: feed.ParkChange's order (unpark, then park; last park of a
 //     key wins; Replace), and ReadParked in key order.
 //   - RetryParked: a retry unparks the key and restamps its row, document or

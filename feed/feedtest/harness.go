@@ -102,6 +102,19 @@ func (e *env) write(f feed.FeedName, changes ...feed.Change) feed.WriteResult {
 	return res
 }
 
+// rebuild moves the env's feed to its next generation, or fails t.
+func (e *env) rebuild() feed.Generation {
+	e.t.Helper()
+	if e.h.Rebuild == nil {
+		e.t.Fatal("feedtest: the harness has no Rebuild")
+	}
+	g, err := e.h.Rebuild(e.ctx, e.feed)
+	if err != nil {
+		e.t.Fatalf("Rebuild(%s): %v", e.feed, err)
+	}
+	return g
+}
+
 func (e *env) readAll(f feed.FeedName, after feed.Seq) feed.Batch {
 	e.t.Helper()
 	b, err := e.h.Reader.ReadBatch(e.ctx, f, after, feed.MaxBatchLimit)

@@ -37,6 +37,8 @@ func RunSyncStore(t *testing.T, newStore NewStore) {
 	run("CASExpectedMismatch", syncCASExpectedMismatch)
 	run("CASWrongHolder", syncCASWrongHolder)
 	run("RefusedCASChangesNothing", syncRefusedCASChangesNothing)
+	run("CASRefusesUnknownNext", syncCASRefusesUnknownNext)
+	run("CursorWake", syncCursorWake)
 	run("ParkChanges", syncParkChanges)
 	run("RetryParked", syncRetryParked)
 	run("CollectTombstones", syncCollectTombstones)
@@ -73,6 +75,15 @@ func (e *env) wantLeaseHeld(what string, id feed.SinkID) {
 	var held *feed.LeaseHeldError
 	if !errors.Is(err, feed.ErrLeaseHeld) || !errors.As(err, &held) || held.ID != id {
 		e.t.Errorf("%s: AcquireLease(%s) = %v; want a *feed.LeaseHeldError for it", what, id, err)
+	}
+}
+
+// fill writes n documents to the env's feed, one write each, so that its head
+// rises by n: a cursor may move only up to the head.
+func (e *env) fill(n int) {
+	e.t.Helper()
+	for i := range n {
+		e.write(e.feed, feed.Put(feed.Key("fill-"+strconv.Itoa(i)), doc(`{}`)))
 	}
 }
 
@@ -261,6 +272,7 @@ func syncContextEndReleases(t *testing.T, e *env) {
 
 func syncExpiryAndFencing(t *testing.T, e *env) {
 	id := e.sink("s")
+	e.fill(2)
 	taken := e.clock.Now()
 	a := e.acquire(id)
 	e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Next: feed.Cursor{Generation: 1, Seq: 0}})
@@ -333,6 +345,12 @@ func syncCASFromZero(t *testing.T, e *env) {
 	e.wantCursor("a registered sink before its first move", id, feed.Cursor{})
 	e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Next: feed.Cursor{Generation: 1, Seq: 0}})
 	e.wantCursor("after the first move", id, feed.Cursor{Generation: 1, Seq: 0})
+	// Two rebuilds later, with seven seqs handed out, the move may jump there.
+	e.fill(3)
+	e.rebuild()
+	e.fill(2)
+	e.rebuild()
+	e.fill(2)
 	e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Expected: feed.Cursor{Generation: 1, Seq: 0}, Next: feed.Cursor{Generation: 3, Seq: 7}})
 	e.wantCursor("after the second move", id, feed.Cursor{Generation: 3, Seq: 7})
 	e.wantCursor("a sink never registered", e.sink("never"), feed.Cursor{})
@@ -340,6 +358,7 @@ func syncCASFromZero(t *testing.T, e *env) {
 
 func syncCASExpectedMismatch(t *testing.T, e *env) {
 	id := e.sink("s")
+	e.fill(9)
 	a := e.acquire(id)
 	at := feed.Cursor{Generation: 1, Seq: 2}
 	e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Next: at})
@@ -351,6 +370,7 @@ func syncCASExpectedMismatch(t *testing.T, e *env) {
 
 func syncCASWrongHolder(t *testing.T, e *env) {
 	id := e.sink("s")
+	e.fill(1)
 	a := e.acquire(id)
 	e.wantSuperseded("a move naming another holder", feed.CursorMove{ID: id, Holder: a.Holder() + "-not", Next: feed.Cursor{Generation: 1, Seq: 1}})
 	e.wantCursor("after a move naming another holder", id, feed.Cursor{})
@@ -364,6 +384,7 @@ func syncCASWrongHolder(t *testing.T, e *env) {
 
 func syncRefusedCASChangesNothing(t *testing.T, e *env) {
 	id := e.sink("s")
+	e.fill(6)
 	a := e.acquire(id)
 	at := feed.Cursor{Generation: 1, Seq: 5}
 	e.clock.Skip(time.Second)
@@ -391,8 +412,109 @@ func syncRefusedCASChangesNothing(t *testing.T, e *env) {
 	}
 }
 
+func syncCASRefusesUnknownNext(t *testing.T, e *env) {
+	st := e.h.Store
+	id := e.sink("s")
+	e.fill(3)
+	a := e.acquire(id)
+	at := feed.Cursor{Generation: 1, Seq: 2}
+	e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Next: at, Parked: feed.ParkChange{Park: []feed.ParkedRecord{e.park("p", 1, "kept")}}})
+	advanced := e.clock.Now()
+	before := e.parked(id)
+	e.clock.Skip(time.Second)
+	changes := map[string]feed.ParkChange{
+		"no park change": {},
+		"a park change":  {Replace: true, Park: []feed.ParkedRecord{e.park("q", 2, "new")}},
+	}
+	unchanged := func(what string) {
+		t.Helper()
+		e.wantCursor(what, id, at)
+		if diff := sameParked(e.parked(id), before); diff != "" {
+			t.Errorf("%s: the parked list changed: %s", what, diff)
+		}
+		if d := e.describe(e.feed); len(d.Sinks) != 1 || !d.Sinks[0].LastAdvance.Equal(advanced) {
+			t.Errorf("%s: Describe = %+v; want last advance %v", what, d.Sinks, advanced)
+		}
+	}
+	// Places the feed never had are the caller's bug, refused as invalid
+	// input, whoever holds the lease.
+	for name, pc := range changes {
+		for _, c := range []struct {
+			what  string
+			next  feed.Cursor
+			field string
+		}{
+			{"a seq above the head", feed.Cursor{Generation: 1, Seq: 4}, "move.next.seq"},
+			{"a generation the feed has not reached", feed.Cursor{Generation: 2, Seq: 3}, "move.next.generation"},
+			{"a generation the feed has not reached, at seq 0", feed.Cursor{Generation: 2, Seq: 0}, "move.next.generation"},
+		} {
+			err := st.CASCursor(e.ctx, feed.CursorMove{ID: id, Holder: a.Holder(), Expected: at, Next: c.next, Parked: pc})
+			wantInvalid(t, "a move to "+c.what+" with "+name, err, c.field)
+		}
+	}
+	unchanged("after moves to places the feed never had")
+
+	// A rebuild wins the race with a move of the generation before it.
+	if g := e.rebuild(); g != 2 {
+		t.Fatalf("Rebuild = generation %d, want 2", g)
+	}
+	for name, pc := range changes {
+		err := st.CASCursor(e.ctx, feed.CursorMove{ID: id, Holder: a.Holder(), Expected: at, Next: feed.Cursor{Generation: 1, Seq: 3}, Parked: pc})
+		var sup *feed.CursorSupersededError
+		if !errors.Is(err, feed.ErrCursorSuperseded) || !errors.As(err, &sup) || sup.ID != id || sup.Generation != 2 {
+			t.Errorf("a move of generation 1 after the rebuild, with %s: CASCursor = %v; want a *feed.CursorSupersededError for %s naming generation 2", name, err, id)
+		}
+	}
+	unchanged("after moves of the generation before the rebuild")
+
+	// The resync's move into the new generation lands, at seq 0 when it read
+	// nothing; the head itself is a place the feed has been.
+	e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Expected: at, Next: feed.Cursor{Generation: 2, Seq: 0}, Parked: feed.ParkChange{Replace: true}})
+	e.write(e.feed, feed.Put("n", doc(`1`)))
+	e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Expected: feed.Cursor{Generation: 2, Seq: 0}, Next: feed.Cursor{Generation: 2, Seq: 4}})
+	e.wantCursor("after the moves into the new generation", id, feed.Cursor{Generation: 2, Seq: 4})
+}
+
+func syncCursorWake(t *testing.T, e *env) {
+	// A harness may wrap its Store (to spy on leases, say) and hide the
+	// watcher; its Reader is then the store itself.
+	w, ok := e.h.Store.(feed.CursorWatcher)
+	if !ok {
+		w, ok = e.h.Reader.(feed.CursorWatcher)
+	}
+	if !ok {
+		t.Skip("neither the harness's Store nor its Reader is a feed.CursorWatcher")
+	}
+	id := e.sink("s")
+	e.fill(3)
+	a := e.acquire(id)
+	sub, err := w.SubscribeCursors(e.ctx, e.feed)
+	if err != nil {
+		t.Fatalf("SubscribeCursors: %v", err)
+	}
+	defer sub.Close()
+	select { // a wake-up the subscription was born with is allowed
+	case <-sub.C():
+	default:
+	}
+	from := feed.Cursor{}
+	for i, pc := range []feed.ParkChange{{}, {Park: []feed.ParkedRecord{e.park("p", 2, "r")}}, {}} {
+		next := feed.Cursor{Generation: 1, Seq: feed.Seq(i + 1)}
+		e.cas(feed.CursorMove{ID: id, Holder: a.Holder(), Expected: from, Next: next, Parked: pc})
+		select {
+		case <-sub.C():
+		case <-time.After(waitLimit):
+			t.Fatalf("move %d (to %v) woke no cursor subscriber within %v", i, next, waitLimit)
+		}
+		from = next
+	}
+	sub.Close()
+	sub.Close() // safe more than once
+}
+
 func syncParkChanges(t *testing.T, e *env) {
 	id := e.sink("s")
+	e.fill(10)
 	a := e.acquire(id)
 	move := func(from, to feed.Seq, pc feed.ParkChange) {
 		t.Helper()
@@ -542,6 +664,7 @@ func syncCollectKeepsParked(t *testing.T, e *env) {
 
 func syncRemoveSink(t *testing.T, e *env) {
 	id := e.sink("s")
+	e.fill(2)
 	if ok, err := e.h.Store.RemoveSink(e.ctx, id); err != nil || ok {
 		t.Errorf("RemoveSink of a sink never registered = %v, %v; want false", ok, err)
 	}

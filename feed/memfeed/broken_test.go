@@ -44,6 +44,8 @@ var brokenVariants = []brokenVariant{
 	{"retryKeepsSeq", func(f *faultSet) { f.retryKeepsSeq = true }, "RunSyncStore/RetryParked"},
 	{"readSkipsGeneration", func(f *faultSet) { f.readSkipsGeneration = true }, "RunFeed/Rebuild"},
 	{"writeSkipsFeedLock", func(f *faultSet) { f.writeSkipsFeedLock = true }, "RunFeed/ConcurrentWritersCommitOrder"},
+	{"casTrustsNext", func(f *faultSet) { f.casTrustsNext = true }, "RunSyncStore/CASRefusesUnknownNext"},
+	{"moveWakesNobody", func(f *faultSet) { f.moveWakesNobody = true }, "RunSyncStore/CursorWake"},
 }
 
 // noFault is the variant name of the store as shipped.

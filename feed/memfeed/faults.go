@@ -16,4 +16,6 @@ type faultSet struct {
 	retryKeepsSeq            bool // a retry unparks but does not restamp
 	readSkipsGeneration      bool // batches always claim the first generation
 	writeSkipsFeedLock       bool // writers do not serialise on the feed lock
+	casTrustsNext            bool // a move to a place the feed never had lands
+	moveWakesNobody          bool // a landed move signals no cursor subscriber
 }

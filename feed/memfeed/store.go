@@ -26,10 +26,10 @@ type Options struct {
 }
 
 // Store is an in-memory feed and sync store for any number of feeds. It
-// implements feed.Writer[*Tx], feed.Reader and feed.SyncStore, and is safe for
-// concurrent use. One mutex guards all state; every operation holds it for its
-// whole length, which is what makes each one atomic and the whole store easy to
-// check by reading.
+// implements feed.Writer[*Tx], feed.Reader, feed.SyncStore and
+// feed.CursorWatcher, and is safe for concurrent use. One mutex guards all
+// state; every operation holds it for its whole length, which is what makes
+// each one atomic and the whole store easy to check by reading.
 type Store struct {
 	lease  feed.LeaseOptions
 	clock  feed.Clock
@@ -57,6 +57,8 @@ type feedState struct {
 	lock  chan struct{}
 	subs  map[*subscription]struct{}
 	sinks map[feed.SinkName]*sinkState
+	// cursorSubs are woken by every cursor move that lands (CursorWatcher).
+	cursorSubs map[*subscription]struct{}
 }
 
 type row struct {
@@ -104,6 +106,7 @@ func (s *Store) feedLocked(f feed.FeedName) *feedState {
 			lock:       make(chan struct{}, 1),
 			subs:       make(map[*subscription]struct{}),
 			sinks:      make(map[feed.SinkName]*sinkState),
+			cursorSubs: make(map[*subscription]struct{}),
 		}
 		s.feeds[f] = fs
 	}
@@ -156,6 +159,12 @@ func (fs *feedState) remove(key feed.Key) {
 
 func (fs *feedState) wake() {
 	for sub := range fs.subs {
+		sub.signal()
+	}
+}
+
+func (fs *feedState) wakeCursors() {
+	for sub := range fs.cursorSubs {
 		sub.signal()
 	}
 }
@@ -381,15 +390,31 @@ func (s *Store) Subscribe(_ context.Context, f feed.FeedName) (feed.Subscription
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sub := &subscription{c: make(chan struct{}, 1), s: s, fs: s.feedLocked(f)}
-	sub.fs.subs[sub] = struct{}{}
+	fs := s.feedLocked(f)
+	sub := &subscription{c: make(chan struct{}, 1), s: s, set: fs.subs}
+	sub.set[sub] = struct{}{}
+	return sub, nil
+}
+
+// SubscribeCursors returns a subscription signalled after every cursor move
+// of a sink of f that lands; see feed.CursorWatcher. Only this store's own
+// moves wake it: memfeed shares nothing across stores.
+func (s *Store) SubscribeCursors(_ context.Context, f feed.FeedName) (feed.Subscription, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs := s.feedLocked(f)
+	sub := &subscription{c: make(chan struct{}, 1), s: s, set: fs.cursorSubs}
+	sub.set[sub] = struct{}{}
 	return sub, nil
 }
 
 type subscription struct {
-	c  chan struct{}
-	s  *Store
-	fs *feedState
+	c   chan struct{}
+	s   *Store
+	set map[*subscription]struct{} // the feed's set it is in
 }
 
 func (sub *subscription) C() <-chan struct{} { return sub.c }
@@ -404,7 +429,7 @@ func (sub *subscription) signal() {
 func (sub *subscription) Close() {
 	sub.s.mu.Lock()
 	defer sub.s.mu.Unlock()
-	delete(sub.fs.subs, sub)
+	delete(sub.set, sub)
 }
 
 func clone(b []byte) []byte {

@@ -95,7 +95,19 @@ func (s *Store) CASCursor(_ context.Context, m feed.CursorMove) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := s.feedLocked(m.ID.Feed).sinks[m.ID.Sink]
+	fs := s.feedLocked(m.ID.Feed)
+	if !s.faults.casTrustsNext {
+		// The feed's place first, then the sink's guard, as pgfeed decides.
+		switch {
+		case m.Next.Generation > fs.generation:
+			return feed.Invalid("move.next.generation", "is %d; the feed is at generation %d", m.Next.Generation, fs.generation)
+		case m.Next.Generation < fs.generation:
+			return &feed.CursorSupersededError{ID: m.ID, Generation: fs.generation}
+		case m.Next.Seq > fs.head:
+			return feed.Invalid("move.next.seq", "is %d, above the feed's head %d; a cursor moves only past seqs the feed handed out", m.Next.Seq, fs.head)
+		}
+	}
+	st := fs.sinks[m.ID.Sink]
 	if st == nil {
 		return &feed.CursorSupersededError{ID: m.ID}
 	}
@@ -110,6 +122,9 @@ func (s *Store) CASCursor(_ context.Context, m feed.CursorMove) error {
 	st.cursor = m.Next
 	st.lastAdvance = s.clock.Now()
 	applyParks(st, m.Parked)
+	if !s.faults.moveWakesNobody {
+		fs.wakeCursors()
+	}
 	return nil
 }
 
