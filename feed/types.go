@@ -119,6 +119,36 @@ type WriteResult struct {
 	Last       Seq
 }
 
+// BatchLimit bounds one read of a feed (Reader.ReadBatch), so that what a
+// reader holds in memory is bounded whatever the feed's size and whatever its
+// documents' sizes.
+type BatchLimit struct {
+	// Records is the most records a batch holds, 1 to MaxBatchLimit.
+	Records int
+	// Bytes bounds the bytes of a batch's keys and documents: a record that
+	// would take the batch past Bytes ends it, unread, so a batch holds at
+	// most Bytes, or its one first record when that alone is larger (a
+	// batch always holds a record when one follows, whatever its size, or a
+	// reader could never get past it). 0 means no byte bound; it is never
+	// negative.
+	Bytes int
+}
+
+// Validate checks the limit; field names it in the error.
+func (l BatchLimit) Validate(field string) error {
+	if l.Records < 1 || l.Records > MaxBatchLimit {
+		return Invalid(field+".records", "is %d; it must be 1 to %d", l.Records, MaxBatchLimit)
+	}
+	if l.Bytes < 0 {
+		return Invalid(field+".bytes", "is %d; it must be 0 (no byte bound) or more", l.Bytes)
+	}
+	return nil
+}
+
+// Size is what a record counts for against BatchLimit.Bytes: its key's and
+// its document's bytes.
+func (r Record) Size() int { return len(r.Key) + len(r.Doc) }
+
 // Batch is what a reader hands out for one read: records in ascending seq
 // order, all of Generation, and the feed's Head, all read in one snapshot. A
 // batch never holds two records of one key.
@@ -126,6 +156,13 @@ type Batch struct {
 	Generation Generation
 	Head       Seq
 	Records    []Record
+	// More says records follow the batch in the snapshot it was read in:
+	// the read stopped at BatchLimit.Records, or before a record that would
+	// have taken it past BatchLimit.Bytes, not at the end of the feed. A
+	// batch without More holds every record after the read's seq in its
+	// snapshot. This, not the batch's length, is what says a reader has
+	// caught up: a batch cut by bytes is short too.
+	More bool
 }
 
 // LeaseHolder identifies one lease taken: a random id, fresh for every take.

@@ -48,7 +48,7 @@ func BenchmarkReadBatch(b *testing.B) {
 	for b.Loop() {
 		var after feed.Seq
 		for {
-			batch, err := s.ReadBatch(b.Context(), "bench", after, 1000)
+			batch, err := s.ReadBatch(b.Context(), "bench", after, feed.BatchLimit{Records: 1000})
 			if err != nil {
 				b.Fatal(err)
 			}

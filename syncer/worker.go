@@ -350,14 +350,20 @@ func (s *session) read(ctx context.Context, after feed.Seq) (feed.Batch, error) 
 	if p := s.dropAhead(); p != nil && p.err == nil && p.after == after {
 		return p.batch, nil
 	}
-	return s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.w.opts.BatchSize)
+	return s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.limit())
 }
 
-// readOn starts reading the batch after b while b is sent, when b is full: a
-// full batch says more is likely waiting, a short one that the feed is caught
-// up, and then the next read waits for a wake-up instead.
+// limit is what one read may hold: Options.BatchSize records and
+// Options.BatchBytes bytes.
+func (s *session) limit() feed.BatchLimit {
+	return feed.BatchLimit{Records: s.w.opts.BatchSize, Bytes: s.w.opts.BatchBytes}
+}
+
+// readOn starts reading the batch after b while b is sent, when records
+// follow b (Batch.More: it stopped at a limit); without More the feed is
+// caught up, and the next read waits for a wake-up instead.
 func (s *session) readOn(ctx context.Context, b feed.Batch) {
-	if n := len(b.Records); n == s.w.opts.BatchSize {
+	if n := len(b.Records); b.More && n > 0 {
 		s.startAhead(ctx, b.Records[n-1].Seq)
 	}
 }
@@ -367,7 +373,7 @@ func (s *session) startAhead(ctx context.Context, after feed.Seq) {
 	p := &readAhead{after: after, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.batch, p.err = s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.w.opts.BatchSize)
+		p.batch, p.err = s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.limit())
 	}()
 	s.ahead = p
 }
@@ -412,7 +418,7 @@ func (s *session) send(ctx context.Context, batch feed.Batch) error {
 		}
 	}
 	next := feed.Cursor{Generation: batch.Generation, Seq: batch.Records[len(batch.Records)-1].Seq}
-	full := len(batch.Records) == w.opts.BatchSize
+	full := batch.More // catching up: more follows at once
 	lag := int64(0)
 	if full {
 		lag = int64(batch.Head - next.Seq)
@@ -596,8 +602,8 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		}
 		lag := int64(batch.Head - after)
 		w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag })
-		if len(batch.Records) < w.opts.BatchSize {
-			break
+		if !batch.More {
+			break // nothing above the last seq read in this batch's snapshot
 		}
 	}
 	if err := s.lease.EnsureHeld(ctx); err != nil {
