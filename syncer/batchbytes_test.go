@@ -10,6 +10,7 @@ import (
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
+	"github.com/kairos-es/kairos/syncer"
 )
 
 // TestBatchesCutByBytes mirrors documents larger than half of
@@ -128,6 +129,55 @@ func TestBatchesCutByBytes(t *testing.T) {
 		noProblems(t, w)
 		if c := e.cursor(w.id); c.Seq != after.Head {
 			t.Fatalf("cursor %v after the catch-up, want seq %d", c, after.Head)
+		}
+	})
+}
+
+// limitSpy records the limits a worker reads the feed with.
+type limitSpy struct {
+	feed.Reader
+	mu     sync.Mutex
+	limits []feed.BatchLimit
+}
+
+func (r *limitSpy) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, limit feed.BatchLimit) (feed.Batch, error) {
+	r.mu.Lock()
+	r.limits = append(r.limits, limit)
+	r.mu.Unlock()
+	return r.Reader.ReadBatch(ctx, f, after, limit)
+}
+
+// TestBatchBytesDefault checks that a worker left to the defaults reads with
+// both bounds, DefaultBatchBytes among them, and that a set BatchBytes
+// reaches the reader as it is.
+func TestBatchBytesDefault(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		e.write(feed.Put(key(1), doc(`{"n": 1}`)))
+		for _, c := range []struct {
+			set  int
+			want feed.BatchLimit
+		}{
+			{0, feed.BatchLimit{Records: syncer.DefaultBatchSize, Bytes: syncer.DefaultBatchBytes}},
+			{12345, feed.BatchLimit{Records: syncer.DefaultBatchSize, Bytes: 12345}},
+		} {
+			w := newWorld(e, fmt.Sprintf("s%d", c.set))
+			spy := &limitSpy{Reader: e.h.Reader}
+			opts := testOptions(t, e)
+			opts.BatchSize, opts.BatchBytes = 0, c.set
+			lease := newSpy(e.h.Store)
+			run := start(t, e, spy, lease, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", lease)}}, opts)
+			e.waitCaughtUp(w.id)
+			run.stop()
+			spy.mu.Lock()
+			for _, l := range spy.limits {
+				if l != c.want {
+					t.Errorf("BatchBytes %d: the worker read with %+v, want %+v", c.set, l, c.want)
+				}
+			}
+			if len(spy.limits) == 0 {
+				t.Errorf("BatchBytes %d: the worker never read", c.set)
+			}
+			spy.mu.Unlock()
 		}
 	})
 }
