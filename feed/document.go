@@ -25,8 +25,8 @@ const (
 )
 
 // ValidateDocument checks the document rule: a document is one JSON value
-// (RFC 8259) in valid UTF-8, other than null (a deletion is a nil document,
-// never JSON null, so the two cannot be confused), that PostgreSQL's jsonb can
+// (RFC 8259) in valid UTF-8, other than null (a deletion is made by Delete,
+// never by JSON null, so the two cannot be confused), that PostgreSQL's jsonb can
 // store: no \u0000 escape in any string, a \u escape of a UTF-16 surrogate
 // only as half of a pair, every number within numeric's range (at most
 // 131072 digits before the decimal point and 16383 after it, with the
@@ -41,7 +41,7 @@ const (
 // so this check is on the write path's clock.
 func ValidateDocument(field string, doc json.RawMessage) error {
 	if doc == nil {
-		return Invalid(field, "is nil; use a deletion (a nil document in a Change) to delete a key")
+		return Invalid(field, "is nil; use feed.Delete to delete a key")
 	}
 	if reason, at := checkDocument(doc); reason != "" {
 		return documentInvalid(field, reason, at)

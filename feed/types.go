@@ -65,21 +65,35 @@ type Record struct {
 // Deleted reports whether r is a tombstone.
 func (r Record) Deleted() bool { return r.Doc == nil }
 
-// Change is one write to a feed: a document for a key, or its deletion when Doc
-// is nil. Build them with Put and Delete.
+// Change is one write to a feed: a document for a key (Put), or the key's
+// deletion (Delete), which leaves a tombstone. Build them with Put and
+// Delete: a deletion is marked as one, and only Delete marks it, so a Put
+// whose document is nil by mistake (an unset field, a failed marshal) is
+// refused by PrepareChanges rather than deleting the key.
 type Change struct {
 	Key Key
+	// Doc is the key's new document; nil in a deletion.
 	Doc json.RawMessage
+	// deleted marks a deletion; see Delete.
+	deleted bool
 }
 
-// Put is a change that sets key's document.
+// Put is a change that sets key's document. doc must be a document (see
+// ValidateDocument); a nil doc is refused, never read as a deletion.
 func Put(key Key, doc json.RawMessage) Change { return Change{Key: key, Doc: doc} }
 
-// Delete is a change that deletes key.
-func Delete(key Key) Change { return Change{Key: key} }
+// Delete is a change that deletes key: the only way to write a tombstone.
+func Delete(key Key) Change { return Change{Key: key, deleted: true} }
+
+// Deleted reports whether c is a deletion, made by Delete.
+func (c Change) Deleted() bool { return c.deleted }
 
 // PrepareChanges validates changes and compacts them to one change per key, the
 // last one given for that key, keeping the order of each key's last change.
+// A change is a valid key with a valid document (Put), or a deletion made by
+// Delete; a change with no document that Delete did not make is refused, so
+// a tombstone is only ever written on purpose. In the changes it returns, a
+// nil Doc is exactly a deletion.
 // Writers call it before they write anything: one bad change refuses the whole
 // batch. An empty batch is valid and writes nothing.
 func PrepareChanges(changes []Change) ([]Change, error) {
@@ -91,7 +105,13 @@ func PrepareChanges(changes []Change) ([]Change, error) {
 		if err := validKey("key", string(c.Key)); err != nil {
 			return nil, validKey(field(i, "key"), string(c.Key))
 		}
-		if c.Doc != nil {
+		switch {
+		case c.deleted && c.Doc != nil:
+			return nil, Invalid(field(i, "doc"), "is set in a deletion; a deletion has no document")
+		case c.deleted:
+		case c.Doc == nil:
+			return nil, Invalid(field(i, "doc"), "is nil; use feed.Delete to delete a key, a nil document is not a deletion")
+		default:
 			if reason, at := checkDocument(c.Doc); reason != "" {
 				return nil, documentInvalid(field(i, "doc"), reason, at)
 			}

@@ -80,6 +80,23 @@ func TestPrepareChanges(t *testing.T) {
 	wantInvalid(t, err, "changes[1].key")
 	_, err = feed.PrepareChanges([]feed.Change{feed.Delete("a"), feed.Put("b", json.RawMessage(`{`))})
 	wantInvalid(t, err, "changes[1].doc")
+	// A nil document is not a deletion, whichever way it was built: only
+	// Delete writes a tombstone.
+	for name, nilDoc := range map[string]feed.Change{
+		"Put with nil":           feed.Put("k", nil),
+		"a Change with no doc":   {Key: "k"},
+		"a nil json.RawMessage":  feed.Put("k", json.RawMessage(nil)),
+		"a deletion given a doc": func() feed.Change { c := feed.Delete("k"); c.Doc = json.RawMessage(`1`); return c }(),
+	} {
+		_, err = feed.PrepareChanges([]feed.Change{feed.Put("a", json.RawMessage(`1`)), feed.Delete("b"), feed.Put("c", json.RawMessage(`2`)), nilDoc})
+		wantInvalid(t, err, "changes[3].doc")
+		if !strings.Contains(err.Error(), "feed.Delete") && !strings.Contains(err.Error(), "deletion") {
+			t.Errorf("%s: %v does not say how to delete", name, err)
+		}
+	}
+	if !feed.Delete("k").Deleted() || feed.Put("k", json.RawMessage(`1`)).Deleted() {
+		t.Error("Deleted() must report exactly the changes Delete made")
+	}
 
 	got, err := feed.PrepareChanges([]feed.Change{
 		feed.Put("a", json.RawMessage(`1`)),

@@ -140,7 +140,7 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 	docs := make([]*string, len(changes))
 	for i, c := range changes {
 		keys[i] = string(c.Key)
-		if c.Doc != nil {
+		if !c.Deleted() {
 			d := string(c.Doc)
 			docs[i] = &d
 		}

@@ -438,6 +438,8 @@ func feedBadInput(t *testing.T, e *env) {
 		_, err := e.h.Write(e.ctx, e.feed, []feed.Change{good, {Key: "bad", Doc: []byte(bad)}})
 		wantInvalid(t, "Write with "+name, err, "changes[1].doc")
 	}
+	_, err := e.h.Write(e.ctx, e.feed, []feed.Change{good, feed.Put("bad", nil)})
+	wantInvalid(t, "Write with a nil document (a deletion is feed.Delete's)", err, "changes[1].doc")
 	if b := e.readAll(e.feed, 0); len(b.Records) != 0 || b.Head != 0 {
 		t.Errorf("after refused batches the feed holds %s at head %d; a batch with one bad change must write nothing", describeRecords(b.Records), b.Head)
 	}
@@ -465,7 +467,7 @@ func feedBadInput(t *testing.T, e *env) {
 		_, err := e.h.Reader.ReadBatch(e.ctx, e.feed, 0, feed.BatchLimit{Records: limit})
 		wantInvalid(t, fmt.Sprintf("ReadBatch with limit %d", limit), err, "limit.records")
 	}
-	_, err := e.h.Reader.ReadBatch(e.ctx, e.feed, 0, feed.BatchLimit{Records: 10, Bytes: -1})
+	_, err = e.h.Reader.ReadBatch(e.ctx, e.feed, 0, feed.BatchLimit{Records: 10, Bytes: -1})
 	wantInvalid(t, "ReadBatch with a negative byte bound", err, "limit.bytes")
 	_, err = e.h.Reader.ReadBatch(e.ctx, e.feed, -1, feed.BatchLimit{Records: 10})
 	wantInvalid(t, "ReadBatch after -1", err, "after")
