@@ -246,7 +246,7 @@ func TestRejectionReasonCleaned(t *testing.T) {
 			t.Fatalf("parked %+v, want a", p)
 		}
 		r := p[0].Reason
-		if !utf8.ValidString(r) || strings.ContainsRune(r, 0) || len(r) > feed.MaxReasonLen || !strings.HasPrefix(r, "bad\uFFFDbyte \uFFFD and é") {
+		if !utf8.ValidString(r) || strings.ContainsRune(r, 0) || len(r) > feed.MaxReasonLen || !strings.HasPrefix(r, "bad byte \uFFFD and é") {
 			t.Fatalf("reason not cleaned: %q (%d bytes)", r[:min(len(r), 40)], len(r))
 		}
 	})
