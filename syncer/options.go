@@ -82,11 +82,11 @@ type Options struct {
 	SinkTimeout time.Duration
 	// MoveInterval is how long a worker that is catching up may put off
 	// moving the cursor. While each batch says more follows at once
-	// (feed.Batch.More) and brings nothing to park or unpark, the worker moves the cursor
-	// past it only when MoveInterval has passed since its last move; the
-	// batch that ends a catch-up, a batch with park changes, a resync's
-	// publish, a fault and the end of the lease all move it at once, past
-	// every batch the sink took. The sink gets the same calls either way;
+	// (feed.Batch.More) and brings nothing to park or unpark, the worker
+	// moves the cursor past it only when MoveInterval has passed since its
+	// last move; the batch that ends a catch-up, a batch with park changes,
+	// a resync's publish, a fault and the end of the lease all move it at
+	// once, past every batch the sink took. The sink gets the same calls either way;
 	// what changes is the cost to the store and what a lost lease costs: the
 	// next holder sends again the batches whose move had not landed, as it
 	// already does the one call in flight, and the sink's idempotence absorbs
