@@ -84,7 +84,8 @@ func setupB(b *testing.B) db {
 // text length, so nothing past the bound is sent but every document is
 // converted to text once more. "small" is the catch-up path (documents of
 // about 60 bytes, where a 16 MiB bound never cuts); "large" is 64 KiB
-// documents under a 1 MiB bound, where every batch is cut.
+// documents under a 1 MiB bound, where every batch is cut; "unbounded" is
+// ReadBatch with no byte bound, the cost of the reads before it had one.
 func BenchmarkReadBatchBytes(b *testing.B) {
 	d := setupB(b)
 	s := newStore(b, d, pgfeed.Options{})
@@ -137,15 +138,19 @@ WHERE total <= $4::bigint OR n = 1 ORDER BY seq`
 		bytes int
 	}{{"small", 16 << 20}, {"large", 1 << 20}} {
 		limit := feed.BatchLimit{Records: 1000, Bytes: c.bytes}
-		for _, how := range []string{"client", "sql"} {
+		for _, how := range []string{"client", "sql", "unbounded"} {
 			b.Run(string(c.feed)+"/"+how, func(b *testing.B) {
 				rows := 0
 				for b.Loop() {
 					var after feed.Seq
 					for {
 						var n int
-						if how == "client" {
-							batch, err := s.ReadBatch(b.Context(), c.feed, after, limit)
+						if how != "sql" {
+							l := limit
+							if how == "unbounded" {
+								l.Bytes = 0
+							}
+							batch, err := s.ReadBatch(b.Context(), c.feed, after, l)
 							if err != nil {
 								b.Fatal(err)
 							}
