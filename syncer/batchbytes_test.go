@@ -18,7 +18,8 @@ import (
 // and is far shorter than BatchSize. A resync under writes must still stream
 // to the feed's end and publish an exact copy (a short batch is not the end
 // when the reader says more follows), and a catch-up must send every record
-// after the cursor, none skipped, one per batch.
+// after the cursor, none skipped, one document per batch, and ask the reader
+// for few records once it has seen a batch cut by bytes.
 func TestBatchesCutByBytes(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		const batchBytes = 4096
@@ -98,9 +99,25 @@ func TestBatchesCutByBytes(t *testing.T) {
 		}
 		e.write(feed.Delete(key(21)), feed.Put(key(3), big(300)))
 		earlier := len(w.log())
-		run, _ = one(t, e, w, "A", opts)
+		reads := &limitSpy{Reader: e.h.Reader}
+		lease := newSpy(e.h.Store)
+		run = start(t, e, reads, lease, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", lease)}}, opts)
 		e.waitCaughtUp(w.id)
 		run.stop()
+		// Once a batch came back cut by bytes, the worker asks for few
+		// records: a reader that drops what passes the byte bound would
+		// otherwise read up to BatchSize large documents to keep one.
+		reads.mu.Lock()
+		wide := 0
+		for _, l := range reads.limits {
+			if l.Records > 8 {
+				wide++
+			}
+		}
+		if wide > 1 || len(reads.limits) < 15 {
+			t.Errorf("the catch-up read with limits %v: want only its first read at the batch size, the rest a few records", reads.limits)
+		}
+		reads.mu.Unlock()
 		want, after := e.liveDocs()
 		var sent []feed.Seq
 		batches = 0
