@@ -25,10 +25,12 @@ type Reader interface {
 	Head(ctx context.Context, feed FeedName) (Seq, error)
 	// Generation is the feed's current generation.
 	Generation(ctx context.Context, feed FeedName) (Generation, error)
-	// ReadBatch returns up to limit records with seq > after, in seq order,
-	// with the generation and head they belong to, read in one snapshot. limit
-	// is 1 to MaxBatchLimit; after is ≥ 0.
-	ReadBatch(ctx context.Context, feed FeedName, after Seq, limit int) (Batch, error)
+	// ReadBatch returns the records with seq > after, in seq order, up to
+	// limit (see BatchLimit; a record over the byte bound ends the batch
+	// unless it would be the batch's first), with the generation and head
+	// they belong to, read in one snapshot, and Batch.More set when it
+	// stopped at a limit. after is ≥ 0.
+	ReadBatch(ctx context.Context, feed FeedName, after Seq, limit BatchLimit) (Batch, error)
 	// Subscribe returns a subscription that is signalled after commits to the
 	// feed. Subscribe before reading: a commit after Subscribe returns always
 	// signals, so "subscribe, then catch up, then wait" never sleeps through a

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"unicode/utf8"
+
+	"github.com/kairos-es/kairos/internal/jsonb"
 )
 
 // The document rule, checked by ValidateDocument, which is its one home. The
@@ -22,26 +24,57 @@ const (
 	maxNumberPower    = 4*32768 - 1 // a weight of 32767 base-10000 digits
 	maxNumberScale    = 16383
 	maxNumberExponent = 1<<30 - 1 // INT_MAX/2, where numeric stops reading one
+
+	// MaxDocumentJSONBSize is the most bytes a document may take once
+	// PostgreSQL lays it out as jsonb (2^28 − 1: a length in jsonb's binary
+	// form has 28 bits). It bounds the whole document, and so each string in
+	// it, escapes decoded.
+	MaxDocumentJSONBSize = jsonb.MaxSize
+	// MaxDocumentArrayLen is the most elements one array may hold, and
+	// MaxDocumentObjectLen the most members one object may hold, repeated
+	// keys counted: past them PostgreSQL's jsonb parser needs an allocation
+	// over its 1 GiB limit.
+	MaxDocumentArrayLen  = jsonb.MaxElems
+	MaxDocumentObjectLen = jsonb.MaxPairs
+	// sizeCheckFrom is the length from which a document could reach a
+	// jsonb size limit: jsonb takes at most 16 bytes per byte of text plus 4
+	// (a one-digit number, the worst, takes 15 with its entry and padding;
+	// an array or object at most 11 for its two brackets), and an array
+	// needs 2 bytes of text per element, an object 5 per member. A shorter
+	// document is never laid out, so the limits cost the write path nothing.
+	sizeCheckFrom = 1 << 24
 )
 
 // ValidateDocument checks the document rule: a document is one JSON value
-// (RFC 8259) in valid UTF-8, other than null (a deletion is a nil document,
-// never JSON null, so the two cannot be confused), that PostgreSQL's jsonb can
-// store: no \u0000 escape in any string, a \u escape of a UTF-16 surrogate
-// only as half of a pair, every number within numeric's range (at most
-// 131072 digits before the decimal point and 16383 after it, with the
-// exponent applied), and at most MaxDocumentDepth levels of nesting. A
-// document that breaks it would otherwise fail the writer's statement and
+// (RFC 8259) in valid UTF-8, other than null (a deletion is made by Delete,
+// never by JSON null, so the two cannot be confused), that PostgreSQL's jsonb
+// can store:
+//
+//   - no \u0000 escape in any string, and a \u escape of a UTF-16
+//     surrogate only as half of a pair;
+//   - every number within numeric's range (at most 131072 digits before the
+//     decimal point and 16383 after it, with the exponent applied);
+//   - at most MaxDocumentDepth levels of nesting;
+//   - at most MaxDocumentJSONBSize bytes as jsonb lays it out, so no string
+//     longer than that either (a top-level string of up to 2^28 − 9 bytes
+//     fits, jsonb storing it in an array of one), at most
+//     MaxDocumentArrayLen elements in an array and MaxDocumentObjectLen
+//     members in an object. The layout is jsonb's own (internal/jsonb has
+//     it), so these limits hold to the byte.
+//
+// A document that breaks it would otherwise fail the writer's statement and
 // abort the caller's transaction, or read back differently from one store to
 // another. field names the input in the error, which gives the first fault
 // and its byte offset.
 //
 // It reads the document once, byte by byte, with no allocation for any
 // document up to 32 levels deep: a writer checks every document it writes,
-// so this check is on the write path's clock.
+// so this check is on the write path's clock. Only a document of 16 MiB or
+// more, the least that could reach a jsonb size limit, is read a second time
+// to lay it out.
 func ValidateDocument(field string, doc json.RawMessage) error {
 	if doc == nil {
-		return Invalid(field, "is nil; use a deletion (a nil document in a Change) to delete a key")
+		return Invalid(field, "is nil; use feed.Delete to delete a key")
 	}
 	if reason, at := checkDocument(doc); reason != "" {
 		return documentInvalid(field, reason, at)
@@ -133,6 +166,9 @@ func checkDocument(b []byte) (reason string, at int) {
 				}
 				if topNull {
 					return "is JSON null; delete the key instead", skipSpace(b, 0)
+				}
+				if len(b) >= sizeCheckFrom {
+					return jsonb.Check(b, jsonb.Postgres)
 				}
 				return "", -1
 			}

@@ -2,6 +2,8 @@ package feed
 
 import (
 	"bytes"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -126,28 +128,47 @@ func validKey(field, s string) error {
 	return nil
 }
 
-// CleanReason makes s acceptable as a park reason: invalid UTF-8 and NUL bytes
-// become U+FFFD, and it is cut at a character boundary to MaxReasonLen bytes.
-// A sink's error text is arbitrary; the driver passes it through this before it
-// parks a record, so a rejection is never itself refused.
+// CleanReason makes s a park reason: one clean line that the reason rule
+// (validReason) accepts, whatever a sink's error text holds. It is the one
+// home of that cleaning; the driver passes every rejection's reason through
+// it before it parks a record, so a rejection is never itself refused, and a
+// parked list shows one line per record in a log, a terminal or a table.
+//
+// Invalid UTF-8 becomes U+FFFD; each run of control characters (newlines,
+// tabs, NUL and the rest of Unicode's Cc, and the line and paragraph
+// separators U+2028 and U+2029) becomes one space; whitespace at either end
+// goes; and the result is cut at a character boundary to MaxReasonLen bytes.
+// A reason left empty says the sink gave none.
 func CleanReason(s string) string {
-	if s == "" {
-		return "rejected by the sink (no reason given)"
-	}
-	var b []byte
+	b := make([]byte, 0, min(len(s), MaxReasonLen))
+	space := false        // a run of control characters is pending as one space
 	for _, r := range s { // ranging replaces invalid bytes with U+FFFD
-		if r == 0 {
-			r = utf8.RuneError
+		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
+			space = true
+			continue
 		}
-		if len(b)+utf8.RuneLen(r) > MaxReasonLen {
+		n := utf8.RuneLen(r)
+		if space && len(b) > 0 {
+			n++
+		}
+		if len(b)+n > MaxReasonLen {
 			break
 		}
+		if space && len(b) > 0 {
+			b = append(b, ' ')
+		}
+		space = false
 		b = utf8.AppendRune(b, r)
 	}
-	return string(b)
+	out := strings.TrimFunc(string(b), unicode.IsSpace)
+	if out == "" {
+		return "rejected by the sink (no reason given)"
+	}
+	return out
 }
 
-// validReason checks a park reason against the rule CleanReason establishes.
+// validReason checks what a store needs of a park reason, which CleanReason's
+// output always meets: not empty, at most MaxReasonLen bytes of UTF-8, no NUL.
 func validReason(field, s string) error {
 	switch {
 	case s == "":

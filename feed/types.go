@@ -65,21 +65,35 @@ type Record struct {
 // Deleted reports whether r is a tombstone.
 func (r Record) Deleted() bool { return r.Doc == nil }
 
-// Change is one write to a feed: a document for a key, or its deletion when Doc
-// is nil. Build them with Put and Delete.
+// Change is one write to a feed: a document for a key (Put), or the key's
+// deletion (Delete), which leaves a tombstone. Build them with Put and
+// Delete: a deletion is marked as one, and only Delete marks it, so a Put
+// whose document is nil by mistake (an unset field, a failed marshal) is
+// refused by PrepareChanges rather than deleting the key.
 type Change struct {
 	Key Key
+	// Doc is the key's new document; nil in a deletion.
 	Doc json.RawMessage
+	// deleted marks a deletion; see Delete.
+	deleted bool
 }
 
-// Put is a change that sets key's document.
+// Put is a change that sets key's document. doc must be a document (see
+// ValidateDocument); a nil doc is refused, never read as a deletion.
 func Put(key Key, doc json.RawMessage) Change { return Change{Key: key, Doc: doc} }
 
-// Delete is a change that deletes key.
-func Delete(key Key) Change { return Change{Key: key} }
+// Delete is a change that deletes key: the only way to write a tombstone.
+func Delete(key Key) Change { return Change{Key: key, deleted: true} }
+
+// Deleted reports whether c is a deletion, made by Delete.
+func (c Change) Deleted() bool { return c.deleted }
 
 // PrepareChanges validates changes and compacts them to one change per key, the
 // last one given for that key, keeping the order of each key's last change.
+// A change is a valid key with a valid document (Put), or a deletion made by
+// Delete; a change with no document that Delete did not make is refused, so
+// a tombstone is only ever written on purpose. In the changes it returns, a
+// nil Doc is exactly a deletion.
 // Writers call it before they write anything: one bad change refuses the whole
 // batch. An empty batch is valid and writes nothing.
 func PrepareChanges(changes []Change) ([]Change, error) {
@@ -91,7 +105,13 @@ func PrepareChanges(changes []Change) ([]Change, error) {
 		if err := validKey("key", string(c.Key)); err != nil {
 			return nil, validKey(field(i, "key"), string(c.Key))
 		}
-		if c.Doc != nil {
+		switch {
+		case c.deleted && c.Doc != nil:
+			return nil, Invalid(field(i, "doc"), "is set in a deletion; a deletion has no document")
+		case c.deleted:
+		case c.Doc == nil:
+			return nil, Invalid(field(i, "doc"), "is nil; use feed.Delete to delete a key, a nil document is not a deletion")
+		default:
 			if reason, at := checkDocument(c.Doc); reason != "" {
 				return nil, documentInvalid(field(i, "doc"), reason, at)
 			}
@@ -119,6 +139,36 @@ type WriteResult struct {
 	Last       Seq
 }
 
+// BatchLimit bounds one read of a feed (Reader.ReadBatch), so that what a
+// reader holds in memory is bounded whatever the feed's size and whatever its
+// documents' sizes.
+type BatchLimit struct {
+	// Records is the most records a batch holds, 1 to MaxBatchLimit.
+	Records int
+	// Bytes bounds the bytes of a batch's keys and documents: a record that
+	// would take the batch past Bytes ends it, unread, so a batch holds at
+	// most Bytes, or its one first record when that alone is larger (a
+	// batch always holds a record when one follows, whatever its size, or a
+	// reader could never get past it). 0 means no byte bound; it is never
+	// negative.
+	Bytes int
+}
+
+// Validate checks the limit; field names it in the error.
+func (l BatchLimit) Validate(field string) error {
+	if l.Records < 1 || l.Records > MaxBatchLimit {
+		return Invalid(field+".records", "is %d; it must be 1 to %d", l.Records, MaxBatchLimit)
+	}
+	if l.Bytes < 0 {
+		return Invalid(field+".bytes", "is %d; it must be 0 (no byte bound) or more", l.Bytes)
+	}
+	return nil
+}
+
+// Size is what a record counts for against BatchLimit.Bytes: its key's and
+// its document's bytes.
+func (r Record) Size() int { return len(r.Key) + len(r.Doc) }
+
 // Batch is what a reader hands out for one read: records in ascending seq
 // order, all of Generation, and the feed's Head, all read in one snapshot. A
 // batch never holds two records of one key.
@@ -126,6 +176,13 @@ type Batch struct {
 	Generation Generation
 	Head       Seq
 	Records    []Record
+	// More says records follow the batch in the snapshot it was read in:
+	// the read stopped at BatchLimit.Records, or before a record that would
+	// have taken it past BatchLimit.Bytes, not at the end of the feed. A
+	// batch without More holds every record after the read's seq in its
+	// snapshot. This, not the batch's length, is what says a reader has
+	// caught up: a batch cut by bytes is short too.
+	More bool
 }
 
 // LeaseHolder identifies one lease taken: a random id, fresh for every take.

@@ -80,6 +80,23 @@ func TestPrepareChanges(t *testing.T) {
 	wantInvalid(t, err, "changes[1].key")
 	_, err = feed.PrepareChanges([]feed.Change{feed.Delete("a"), feed.Put("b", json.RawMessage(`{`))})
 	wantInvalid(t, err, "changes[1].doc")
+	// A nil document is not a deletion, whichever way it was built: only
+	// Delete writes a tombstone.
+	for name, nilDoc := range map[string]feed.Change{
+		"Put with nil":           feed.Put("k", nil),
+		"a Change with no doc":   {Key: "k"},
+		"a nil json.RawMessage":  feed.Put("k", json.RawMessage(nil)),
+		"a deletion given a doc": func() feed.Change { c := feed.Delete("k"); c.Doc = json.RawMessage(`1`); return c }(),
+	} {
+		_, err = feed.PrepareChanges([]feed.Change{feed.Put("a", json.RawMessage(`1`)), feed.Delete("b"), feed.Put("c", json.RawMessage(`2`)), nilDoc})
+		wantInvalid(t, err, "changes[3].doc")
+		if !strings.Contains(err.Error(), "feed.Delete") && !strings.Contains(err.Error(), "deletion") {
+			t.Errorf("%s: %v does not say how to delete", name, err)
+		}
+	}
+	if !feed.Delete("k").Deleted() || feed.Put("k", json.RawMessage(`1`)).Deleted() {
+		t.Error("Deleted() must report exactly the changes Delete made")
+	}
 
 	got, err := feed.PrepareChanges([]feed.Change{
 		feed.Put("a", json.RawMessage(`1`)),
@@ -171,7 +188,32 @@ func TestCursorMoveRefused(t *testing.T) {
 
 func TestCleanReason(t *testing.T) {
 	t.Parallel()
-	for _, in := range []string{"", "plain", "nul\x00inside", "bad\xffutf8", strings.Repeat("é", feed.MaxReasonLen)} {
+	long := strings.Repeat("é", feed.MaxReasonLen)
+	for _, tc := range []struct{ name, in, want string }{
+		{"plain", "plain", "plain"},
+		{"empty", "", "rejected by the sink (no reason given)"},
+		{"only whitespace and controls", " \n\t\r\n ", "rejected by the sink (no reason given)"},
+		{"trailing newline", "mapping error\n", "mapping error"},
+		{"trailing whitespace and newlines", "mapping error \t\r\n\n  ", "mapping error"},
+		{"leading whitespace", "\n  mapping error", "mapping error"},
+		{"a newline inside", "line one\nline two", "line one line two"},
+		{"a run of controls is one space", "a\r\n\t\x00\x1bb", "a b"},
+		{"spaces beside a control stay", "a \n b", "a   b"},
+		{"NUL", "nul\x00inside", "nul inside"},
+		{"DEL and C1 controls", "a\x7fb\u0085c\u009bd", "a b c d"},
+		{"line and paragraph separators", "a\u2028b\u2029c", "a b c"},
+		{"invalid UTF-8", "bad\xffutf8", "bad\uFFFDutf8"},
+		{"tabs inside", "col1\tcol2", "col1 col2"},
+		{"non-Latin text is kept", "ключ ✓ 😀", "ключ ✓ 😀"},
+		{"cut at a character boundary", "x" + long, "x" + strings.Repeat("é", feed.MaxReasonLen/2-1)},
+		{"a collapsed space does not pass the limit", strings.Repeat("x", feed.MaxReasonLen-1) + "\nyz", strings.Repeat("x", feed.MaxReasonLen-1)},
+		{"cut, then trimmed", strings.Repeat("x", feed.MaxReasonLen-1) + " y", strings.Repeat("x", feed.MaxReasonLen-1)},
+	} {
+		if got := feed.CleanReason(tc.in); got != tc.want {
+			t.Errorf("%s: CleanReason(%.40q) = %.60q, want %.60q", tc.name, tc.in, got, tc.want)
+		}
+	}
+	for _, in := range []string{"", "plain", "nul\x00inside", "bad\xffutf8", long, "a\nb", strings.Repeat("\n", 3000)} {
 		out := feed.CleanReason(in)
 		m := feed.CursorMove{ID: feed.SinkID{Feed: "f", Sink: "s"}, Holder: "h", Next: feed.Cursor{Generation: 1},
 			Parked: feed.ParkChange{Park: []feed.ParkedRecord{{Key: "k", Seq: 1, Reason: out, ParkedAt: time.Now()}}}}

@@ -155,10 +155,10 @@ func TestFeedInputRefusedBeforeWriting(t *testing.T) {
 	if h, err := s.Head(ctx, "f"); err != nil || h != 0 {
 		t.Fatalf("after refused writes, head = %d, %v; want 0", h, err)
 	}
-	_, err = s.ReadBatch(ctx, "f", -1, 10)
+	_, err = s.ReadBatch(ctx, "f", -1, feed.BatchLimit{Records: 10})
 	wantInvalid(t, "a negative after", err, "after")
-	_, err = s.ReadBatch(ctx, "f", 0, feed.MaxBatchLimit+1)
-	wantInvalid(t, "an over-large limit", err, "limit")
+	_, err = s.ReadBatch(ctx, "f", 0, feed.BatchLimit{Records: feed.MaxBatchLimit + 1})
+	wantInvalid(t, "an over-large limit", err, "limit.records")
 	_, err = s.RetryParked(ctx, feed.SinkID{Feed: "f", Sink: "s"}, "")
 	wantInvalid(t, "an empty key", err, "key")
 	_, err = s.AcquireLease(ctx, feed.SinkID{Feed: "f", Sink: "S P"})
@@ -168,7 +168,7 @@ func TestFeedInputRefusedBeforeWriting(t *testing.T) {
 	if _, err := s.WriteCommitted(ctx, "f", []feed.Change{feed.Put(odd, []byte(`{"q": "it's \"x\"; --", "n": [1, 2.5e3]}`))}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := s.ReadBatch(ctx, "f", 0, 10)
+	b, err := s.ReadBatch(ctx, "f", 0, feed.BatchLimit{Records: 10})
 	if err != nil || len(b.Records) != 1 || b.Records[0].Key != odd {
 		t.Fatalf("the odd key read back as %+v, %v", b.Records, err)
 	}

@@ -89,7 +89,7 @@ func TestCommitOrderTailingReader(t *testing.T) {
 			finished = true
 		default:
 		}
-		b, err := s.ReadBatch(ctx, f, last, 7)
+		b, err := s.ReadBatch(ctx, f, last, feed.BatchLimit{Records: 7})
 		if err != nil {
 			t.Fatalf("ReadBatch: %v", err)
 		}

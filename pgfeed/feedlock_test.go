@@ -66,7 +66,7 @@ func TestRetryAndResetWaitForTheFeedLock(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("RetryParked still waits 10s after the writer committed")
 	}
-	b, err := s.ReadBatch(ctx, id.Feed, w.Last, 10)
+	b, err := s.ReadBatch(ctx, id.Feed, w.Last, feed.BatchLimit{Records: 10})
 	if err != nil || len(b.Records) != 1 || b.Records[0].Key != "p" || b.Records[0].Seq <= w.Last {
 		t.Fatalf("after the writer's seq %d, the feed holds %+v (%v); want the retried p above it", w.Last, b.Records, err)
 	}
@@ -102,7 +102,7 @@ func TestRetryAndResetWaitForTheFeedLock(t *testing.T) {
 	if g := <-reset; g != 2 {
 		t.Fatalf("ResetTx = generation %d; want 2", g)
 	}
-	b, err = s.ReadBatch(ctx, id.Feed, 0, 10)
+	b, err = s.ReadBatch(ctx, id.Feed, 0, feed.BatchLimit{Records: 10})
 	if err != nil || b.Generation != 2 || len(b.Records) != 0 || b.Head <= w.Last {
 		t.Fatalf("after the reset, the feed reads %+v, %v; want generation 2, empty, head kept", b, err)
 	}

@@ -25,7 +25,7 @@ func TestReadBatchBuffers(t *testing.T) {
 			s := newStore(t, setup(t, pgtest.URL(), m.mode), pgfeed.Options{})
 			ctx := t.Context()
 
-			empty, err := s.ReadBatch(ctx, "never-written", 0, 10)
+			empty, err := s.ReadBatch(ctx, "never-written", 0, feed.BatchLimit{Records: 10})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -49,7 +49,7 @@ func TestReadBatchBuffers(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err := s.ReadBatch(ctx, "f", 0, 1000)
+			b, err := s.ReadBatch(ctx, "f", 0, feed.BatchLimit{Records: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +75,7 @@ func TestReadBatchBuffers(t *testing.T) {
 				}
 			}
 
-			after, err := s.ReadBatch(ctx, "f", res.Last, 10)
+			after, err := s.ReadBatch(ctx, "f", res.Last, feed.BatchLimit{Records: 10})
 			if err != nil {
 				t.Fatal(err)
 			}

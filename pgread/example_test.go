@@ -130,7 +130,7 @@ ON CONFLICT (id) DO UPDATE SET doc = v.doc || excluded.doc RETURNING doc::text`,
 }
 
 func printFeed(ctx context.Context, feeds *pgfeed.Store, f feed.FeedName) {
-	batch, err := feeds.ReadBatch(ctx, f, 0, 100)
+	batch, err := feeds.ReadBatch(ctx, f, 0, feed.BatchLimit{Records: 100})
 	if err != nil {
 		fmt.Println(err)
 		return

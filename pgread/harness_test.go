@@ -120,7 +120,7 @@ func (e env) viewRows(t *testing.T) map[string]string {
 // feedRows reads every row of f, tombstones included.
 func (e env) feedRows(t *testing.T, f feed.FeedName) feed.Batch {
 	t.Helper()
-	b, err := e.feeds.ReadBatch(t.Context(), f, 0, feed.MaxBatchLimit)
+	b, err := e.feeds.ReadBatch(t.Context(), f, 0, feed.BatchLimit{Records: feed.MaxBatchLimit})
 	if err != nil {
 		t.Fatal(err)
 	}

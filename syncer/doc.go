@@ -20,19 +20,24 @@
 // ends at the last seq it read, L, the fresh copy holds exactly the feed's live
 // documents at L. A key's row only ever moves up to a higher seq (a new version
 // or a tombstone), and seqs come out in commit order. The stream reads batches
-// after the last seq read and ends on one shorter than the limit, so in that
-// last batch's snapshot no row lies above L. Take a key's row in that snapshot,
-// at some s ≤ L, and the batch whose range covered s: it saw its own last seq
-// committed, so the row at s was already committed then (commit order), and it
-// is unchanged since (seqs are never reused), so that batch returned it; every
-// later version of the key came in a later batch, in seq order. A key updated
-// mid-stream is therefore applied twice and ends at its latest version, and a
-// key deleted mid-stream ends with its tombstone applied. Tombstones are not
-// collected from under a resync: collection waits for every registered sink's
-// cursor, and this sink's is absent or of an older generation, below every row
-// of this one. A rebuild empties the feed and moves the generation in one
-// step; every batch is checked against the generation the copy was opened for,
-// and a moved one aborts the copy and starts the resync again.
+// after the last seq read, and a batch is only ever cut at its end (by its
+// record count or its byte bound), so it holds every row of its snapshot in
+// its range, from the seq it was read after to its last. The stream ends on
+// the first batch that says nothing follows it (feed.Batch.More is false; a
+// batch cut by bytes is short but says More, so it never ends the stream), so
+// in that last batch's snapshot no row lies above L. Take a key's row in that
+// snapshot, at some s ≤ L, and the batch whose range covered s: it saw its own
+// last seq committed, so the row at s was already committed then (commit
+// order), and it is unchanged since (seqs are never reused), so that batch
+// returned it; every later version of the key came in a later batch, in seq
+// order. A key updated mid-stream is therefore applied twice and ends at its
+// latest version, and a key deleted mid-stream ends with its tombstone
+// applied. Tombstones are not collected from under a resync: collection waits
+// for every registered sink's cursor, and this sink's is absent or of an older
+// generation, below every row of this one. A rebuild empties the feed and
+// moves the generation in one step; every batch is checked against the
+// generation the copy was opened for, and a moved one aborts the copy and
+// starts the resync again.
 //
 // The cursor then becomes (generation, L), the last seq actually read rather
 // than the batch's head: the head may stand above rows that were never read

@@ -141,7 +141,7 @@ func (e *env) liveDocs() (map[feed.Key]json.RawMessage, feed.Batch) {
 	var after feed.Seq
 	var last feed.Batch
 	for {
-		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, after, feed.MaxBatchLimit)
+		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, after, feed.BatchLimit{Records: feed.MaxBatchLimit})
 		if err != nil {
 			e.t.Fatalf("read: %v", err)
 		}
@@ -185,7 +185,7 @@ func (e *env) caughtUp(id feed.SinkID) bool {
 	if err != nil || c.IsZero() {
 		return false
 	}
-	b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, c.Seq, 1)
+	b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, c.Seq, feed.BatchLimit{Records: 1})
 	return err == nil && b.Generation == c.Generation && len(b.Records) == 0
 }
 
@@ -545,7 +545,7 @@ type faultyReader struct {
 	fails atomic.Int32
 }
 
-func (r *faultyReader) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, limit int) (feed.Batch, error) {
+func (r *faultyReader) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, limit feed.BatchLimit) (feed.Batch, error) {
 	if r.fails.Add(-1) >= 0 {
 		return feed.Batch{}, feed.Unreadable("reading the feed", fmt.Errorf("injected fault"))
 	}

@@ -154,7 +154,7 @@ func TestRandomHistories(t *testing.T) {
 			for _, p := range e.parked(w.id) {
 				parked[p.Key] = p.Seq
 			}
-			b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, 0, feed.MaxBatchLimit)
+			b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, 0, feed.BatchLimit{Records: feed.MaxBatchLimit})
 			if err != nil {
 				rt.Fatal(err)
 			}

@@ -13,6 +13,11 @@ const (
 	// thousand keeps a keyset scan near its best rate while a batch's documents
 	// stay a few megabytes at most.
 	DefaultBatchSize = 1000
+	// DefaultBatchBytes bounds the keys and documents of one batch. A worker
+	// holds two batches at once (it reads the next while it sends one), so
+	// this keeps it near 32 MiB of documents whatever their sizes, while
+	// batches of documents up to 16 KiB still fill their 1000 records.
+	DefaultBatchBytes = 16 << 20
 	// DefaultPollInterval is how long an idle worker waits for a wake-up before
 	// it reads the feed anyway. Wake-ups carry the latency; the poll only covers
 	// one lost to a reconnect, so it can be slow.
@@ -43,6 +48,13 @@ type Options struct {
 	// feed.MaxBatchLimit. It bounds the worker's memory whatever the feed's
 	// size. Defaults to DefaultBatchSize.
 	BatchSize int
+	// BatchBytes bounds the bytes of keys and documents read and sent at
+	// once (feed.BatchLimit.Bytes): a batch ends before the record that would
+	// pass it, and holds one record alone when that one is larger. With
+	// BatchSize it bounds the worker's memory, which holds two batches while
+	// it reads one ahead, whatever the documents' sizes. At least 1.
+	// Defaults to DefaultBatchBytes.
+	BatchBytes int
 	// PollInterval is how long an idle worker waits for a wake-up before it
 	// reads the feed anyway. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
@@ -69,12 +81,12 @@ type Options struct {
 	// always matches how the store was configured.
 	SinkTimeout time.Duration
 	// MoveInterval is how long a worker that is catching up may put off
-	// moving the cursor. While each batch comes back full (more follows at
-	// once) and brings nothing to park or unpark, the worker moves the cursor
-	// past it only when MoveInterval has passed since its last move; the
-	// batch that ends a catch-up, a batch with park changes, a resync's
-	// publish, a fault and the end of the lease all move it at once, past
-	// every batch the sink took. The sink gets the same calls either way;
+	// moving the cursor. While each batch says more follows at once
+	// (feed.Batch.More) and brings nothing to park or unpark, the worker
+	// moves the cursor past it only when MoveInterval has passed since its
+	// last move; the batch that ends a catch-up, a batch with park changes,
+	// a resync's publish, a fault and the end of the lease all move it at
+	// once, past every batch the sink took. The sink gets the same calls either way;
 	// what changes is the cost to the store and what a lost lease costs: the
 	// next holder sends again the batches whose move had not landed, as it
 	// already does the one call in flight, and the sink's idempotence absorbs
@@ -101,6 +113,12 @@ func (o Options) resolve() (Options, error) {
 		return o, feed.Invalid(p+"batch_size", "is %d; it must be 1 to %d (0 for the default %d)", o.BatchSize, feed.MaxBatchLimit, DefaultBatchSize)
 	case o.BatchSize == 0:
 		o.BatchSize = DefaultBatchSize
+	}
+	switch {
+	case o.BatchBytes < 0:
+		return o, feed.Invalid(p+"batch_bytes", "is %d; it must be at least 1 (0 for the default %d)", o.BatchBytes, DefaultBatchBytes)
+	case o.BatchBytes == 0:
+		o.BatchBytes = DefaultBatchBytes
 	}
 	for _, d := range []struct {
 		name string

@@ -45,6 +45,7 @@ func TestOptionsRefused(t *testing.T) {
 	}{
 		{"negative batch", syncer.Options{BatchSize: -1}, "syncer.batch_size"},
 		{"batch over the reader's limit", syncer.Options{BatchSize: feed.MaxBatchLimit + 1}, "syncer.batch_size"},
+		{"negative batch bytes", syncer.Options{BatchBytes: -1}, "syncer.batch_bytes"},
 		{"negative poll", syncer.Options{PollInterval: -time.Second}, "syncer.poll_interval"},
 		{"negative backoff min", syncer.Options{BackoffMin: -1}, "syncer.backoff_min"},
 		{"negative backoff max", syncer.Options{BackoffMax: -1}, "syncer.backoff_max"},
@@ -75,6 +76,7 @@ func TestOptionsAccepted(t *testing.T) {
 		{"a long sink timeout (bounded by each lease's margin at run time)", syncer.Options{SinkTimeout: time.Minute}},
 		{"backoff min above the default max", syncer.Options{BackoffMin: time.Minute}},
 		{"largest batch", syncer.Options{BatchSize: feed.MaxBatchLimit}},
+		{"one-byte batches (each then holds one record)", syncer.Options{BatchBytes: 1}},
 		{"a move after every batch", syncer.Options{MoveInterval: -1}},
 		{"moves put off for a minute", syncer.Options{MoveInterval: time.Minute}},
 	} {

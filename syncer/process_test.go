@@ -328,7 +328,7 @@ func TestRivalProcesses(t *testing.T) {
 		if err != nil || cur.IsZero() {
 			return false
 		}
-		batch, err := store.ReadBatch(ctx, f, cur.Seq, 1)
+		batch, err := store.ReadBatch(ctx, f, cur.Seq, feed.BatchLimit{Records: 1})
 		return err == nil && batch.Generation == cur.Generation && len(batch.Records) == 0
 	}
 	for _, s := range rivalSinks {
@@ -348,7 +348,7 @@ func TestRivalProcesses(t *testing.T) {
 	var want = map[feed.Key]json.RawMessage{}
 	var after feed.Seq
 	for {
-		batch, err := store.ReadBatch(ctx, f, after, 1000)
+		batch, err := store.ReadBatch(ctx, f, after, feed.BatchLimit{Records: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -204,7 +204,7 @@ func (r *Runner) WaitCaughtUp(ctx context.Context) ([]WaitResult, error) {
 	for _, f := range feeds {
 		// A read after the largest seq returns no record, only the
 		// generation and the head, from one snapshot.
-		b, err := r.store.ReadBatch(ctx, f, math.MaxInt64, 1)
+		b, err := r.store.ReadBatch(ctx, f, math.MaxInt64, feed.BatchLimit{Records: 1})
 		if err != nil {
 			return out, err
 		}

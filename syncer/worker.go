@@ -212,6 +212,9 @@ type session struct {
 	movedAt time.Time // when this session's last move landed, on the worker's clock
 	parked  map[feed.Key]feed.Seq
 	ahead   *readAhead // the batch after the one being sent, read meanwhile; nil when none
+	// records is the record limit of the next read (see limit): BatchSize,
+	// or fewer while batches come back cut by bytes. 0 until the first read.
+	records int
 }
 
 // readAhead is the batch after seq after, read while the worker sends the
@@ -228,6 +231,7 @@ type session struct {
 // in the package doc requires.
 type readAhead struct {
 	after feed.Seq
+	limit feed.BatchLimit // what it was read with
 	done  chan struct{}
 	batch feed.Batch
 	err   error
@@ -348,26 +352,59 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 // after that seq, a fresh read otherwise.
 func (s *session) read(ctx context.Context, after feed.Seq) (feed.Batch, error) {
 	if p := s.dropAhead(); p != nil && p.err == nil && p.after == after {
+		s.learn(p.batch, p.limit)
 		return p.batch, nil
 	}
-	return s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.w.opts.BatchSize)
+	limit := s.limit()
+	b, err := s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, limit)
+	if err == nil {
+		s.learn(b, limit)
+	}
+	return b, err
 }
 
-// readOn starts reading the batch after b while b is sent, when b is full: a
-// full batch says more is likely waiting, a short one that the feed is caught
-// up, and then the next read waits for a wake-up instead.
+// limit is what the next read may hold: Options.BatchBytes bytes, and
+// Options.BatchSize records or fewer (see learn).
+func (s *session) limit() feed.BatchLimit {
+	if s.records == 0 {
+		s.records = s.w.opts.BatchSize
+	}
+	return feed.BatchLimit{Records: s.records, Bytes: s.w.opts.BatchBytes}
+}
+
+// learn sets the record limit of the reads after b, read with limit, from
+// how b ended. A batch cut by bytes (More, with fewer records than its
+// limit) says the documents are large: the next read asks for a little over
+// twice as many records as b held, since a reader may read past the byte
+// bound as far as the record limit before it drops the rest (pgfeed's rows
+// still cross the wire), and with large documents that costs a batch's worth
+// many times over. A batch full by count doubles the limit back, up to
+// BatchSize. Only the count changes, never the byte bound nor More, so what
+// the worker reads and sends is the same.
+func (s *session) learn(b feed.Batch, limit feed.BatchLimit) {
+	switch n := len(b.Records); {
+	case b.More && n < limit.Records:
+		s.records = min(s.w.opts.BatchSize, 2*n+1)
+	case b.More:
+		s.records = min(s.w.opts.BatchSize, 2*limit.Records)
+	}
+}
+
+// readOn starts reading the batch after b while b is sent, when records
+// follow b (Batch.More: it stopped at a limit); without More the feed is
+// caught up, and the next read waits for a wake-up instead.
 func (s *session) readOn(ctx context.Context, b feed.Batch) {
-	if n := len(b.Records); n == s.w.opts.BatchSize {
+	if n := len(b.Records); b.More && n > 0 {
 		s.startAhead(ctx, b.Records[n-1].Seq)
 	}
 }
 
 // startAhead reads the batch after seq after in the background.
 func (s *session) startAhead(ctx context.Context, after feed.Seq) {
-	p := &readAhead{after: after, done: make(chan struct{})}
+	p := &readAhead{after: after, limit: s.limit(), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.batch, p.err = s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, s.w.opts.BatchSize)
+		p.batch, p.err = s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, p.limit)
 	}()
 	s.ahead = p
 }
@@ -412,7 +449,7 @@ func (s *session) send(ctx context.Context, batch feed.Batch) error {
 		}
 	}
 	next := feed.Cursor{Generation: batch.Generation, Seq: batch.Records[len(batch.Records)-1].Seq}
-	full := len(batch.Records) == w.opts.BatchSize
+	full := batch.More // catching up: more follows at once
 	lag := int64(0)
 	if full {
 		lag = int64(batch.Head - next.Seq)
@@ -596,8 +633,8 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		}
 		lag := int64(batch.Head - after)
 		w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag })
-		if len(batch.Records) < w.opts.BatchSize {
-			break
+		if !batch.More {
+			break // nothing above the last seq read in this batch's snapshot
 		}
 	}
 	if err := s.lease.EnsureHeld(ctx); err != nil {

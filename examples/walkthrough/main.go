@@ -125,7 +125,7 @@ func syncOnce(ctx context.Context, store *memfeed.Store, sink *memfeed.Sink, lea
 	if err != nil {
 		return err
 	}
-	batch, err := store.ReadBatch(ctx, id.Feed, cursor.Seq, 100)
+	batch, err := store.ReadBatch(ctx, id.Feed, cursor.Seq, feed.BatchLimit{Records: 100})
 	if err != nil {
 		return err
 	}

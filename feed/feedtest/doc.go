@@ -56,15 +56,21 @@
 //     reader tails the feed by seq; every write gets a contiguous range, no
 //     seq is handed out twice, and the tail sees every row exactly once, so no
 //     row committed below a seq the tail had passed.
-//   - ReadBatchWindow: ReadBatch honours after and limit, and reports the
-//     generation and head with the records.
+//   - ReadBatchWindow: ReadBatch honours after and its record limit, reports
+//     the generation and head with the records, and sets More exactly when
+//     records follow the batch.
+//   - ReadBatchBytes: the byte bound ends a batch before the record that
+//     would pass it, with More set; a first record larger than the bound
+//     comes alone, never an empty batch; tombstones count their key; 0 is no
+//     bound; and reading on by bytes gets every record once, in order.
 //   - Rebuild: a rebuild moves the generation on and empties the feed; seqs
 //     are not reset, so new rows land above the old head.
 //   - Subscribe: a commit after Subscribe signals it; Close is idempotent.
 //   - FeedsIndependent: seqs, rows and generations are per feed.
 //   - BadInput: guarantee 9. Bad keys, documents (invalid JSON, JSON null, a
 //     \u0000 escape, a lone surrogate, invalid UTF-8, a number outside
-//     numeric's range), feed names, limits and afters are refused with an
+//     numeric's range, a nil document not made by feed.Delete), feed names,
+//     limits (records and bytes) and afters are refused with an
 //     *feed.InvalidError naming the field, and a batch with one bad change
 //     writes nothing.
 //

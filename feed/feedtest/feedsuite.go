@@ -27,6 +27,7 @@ func RunFeed(t *testing.T, newStore NewStore) {
 	run("Compaction", feedCompaction)
 	run("ConcurrentWritersCommitOrder", feedConcurrentWriters)
 	run("ReadBatchWindow", feedReadBatchWindow)
+	run("ReadBatchBytes", feedReadBatchBytes)
 	run("Rebuild", feedRebuild)
 	run("Subscribe", feedSubscribe)
 	run("FeedsIndependent", feedsIndependent)
@@ -150,7 +151,7 @@ func feedConcurrentWriters(t *testing.T, e *env) {
 	var last feed.Seq
 	deadline := time.Now().Add(4 * waitLimit)
 	for done := false; ; {
-		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, last, 7)
+		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, last, feed.BatchLimit{Records: 7})
 		if err != nil {
 			t.Fatalf("ReadBatch: %v", err)
 		}
@@ -221,16 +222,18 @@ func feedReadBatchWindow(t *testing.T, e *env) {
 		after      feed.Seq
 		limit      int
 		first, end feed.Seq // seqs first..end, none when end < first
+		more       bool
 	}{
-		{0, 3, 1, 3},
-		{3, 3, 4, 6},
-		{9, 5, 10, 10},
-		{10, 5, 1, 0},
-		{100, 5, 1, 0},
-		{0, 1, 1, 1},
-		{5, feed.MaxBatchLimit, 6, 10},
+		{0, 3, 1, 3, true},
+		{3, 3, 4, 6, true},
+		{9, 5, 10, 10, false},
+		{10, 5, 1, 0, false},
+		{100, 5, 1, 0, false},
+		{0, 1, 1, 1, true},
+		{5, 5, 6, 10, false}, // full, and nothing follows
+		{5, feed.MaxBatchLimit, 6, 10, false},
 	} {
-		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, c.after, c.limit)
+		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, c.after, feed.BatchLimit{Records: c.limit})
 		if err != nil {
 			t.Errorf("ReadBatch(after %d, limit %d): %v", c.after, c.limit, err)
 			continue
@@ -245,6 +248,88 @@ func feedReadBatchWindow(t *testing.T, e *env) {
 		if b.Generation != 1 || b.Head != 10 {
 			t.Errorf("ReadBatch(after %d, limit %d): generation %d head %d, want 1 and 10", c.after, c.limit, b.Generation, b.Head)
 		}
+		if b.More != c.more {
+			t.Errorf("ReadBatch(after %d, limit %d): More = %v, want %v", c.after, c.limit, b.More, c.more)
+		}
+	}
+}
+
+// feedReadBatchBytes holds ReadBatch to its byte bound: a record that would
+// take the batch past limit.Bytes ends it and sets More, a first record
+// larger than the bound is handed out alone, tombstones count their key, and
+// reading on from each batch's last seq gets every record exactly once.
+func feedReadBatchBytes(t *testing.T, e *env) {
+	// Records of 10 bytes: a 2-byte key and an 8-byte document; k3 is a
+	// 2-byte tombstone and k5 a 42-byte record.
+	for i := range 8 {
+		k := feed.Key(fmt.Sprintf("k%d", i))
+		switch i {
+		case 3:
+			e.write(e.feed, feed.Put(k, doc(`"placeh"`)))
+			e.write(e.feed, feed.Delete(k))
+		case 5:
+			e.write(e.feed, feed.Put(k, doc(`"`+strings.Repeat("x", 38)+`"`)))
+		default:
+			e.write(e.feed, feed.Put(k, doc(fmt.Sprintf(`"doc-%02d"`, i))))
+		}
+	}
+	// Seqs now: k0 1, k1 2, k2 3, k3 5 (its tombstone), k4 6, k5 7, k6 8, k7 9.
+	for _, c := range []struct {
+		after   feed.Seq
+		records int
+		bytes   int
+		seqs    []feed.Seq
+		more    bool
+	}{
+		{0, 100, 30, []feed.Seq{1, 2, 3}, true},                // exactly 30 fits
+		{0, 100, 29, []feed.Seq{1, 2}, true},                   // the third would pass 29
+		{3, 100, 12, []feed.Seq{5, 6}, true},                   // the tombstone counts 2
+		{6, 100, 10, []feed.Seq{7}, true},                      // 42 bytes alone: a batch is never empty
+		{7, 100, 10, []feed.Seq{8}, true},                      // exactly 10 fits
+		{8, 100, 10, []feed.Seq{9}, false},                     // cut by nothing: the end
+		{0, 2, 1000, []feed.Seq{1, 2}, true},                   // the record limit first
+		{0, 100, 0, []feed.Seq{1, 2, 3, 5, 6, 7, 8, 9}, false}, // 0: no byte bound
+		{9, 100, 10, nil, false},
+	} {
+		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, c.after, feed.BatchLimit{Records: c.records, Bytes: c.bytes})
+		if err != nil {
+			t.Errorf("ReadBatch(after %d, %d records, %d bytes): %v", c.after, c.records, c.bytes, err)
+			continue
+		}
+		var seqs []feed.Seq
+		for _, r := range b.Records {
+			seqs = append(seqs, r.Seq)
+		}
+		if fmt.Sprint(seqs) != fmt.Sprint(c.seqs) || b.More != c.more {
+			t.Errorf("ReadBatch(after %d, %d records, %d bytes) = seqs %v More %v, want %v More %v", c.after, c.records, c.bytes, seqs, b.More, c.seqs, c.more)
+		}
+	}
+	// Reading on: every record once, in order, no batch over the bound
+	// unless it holds one record.
+	var got []feed.Seq
+	for after, reads := feed.Seq(0), 0; ; reads++ {
+		if reads > 20 {
+			t.Fatalf("reading on by bytes did not reach the end: %v", got)
+		}
+		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, after, feed.BatchLimit{Records: 100, Bytes: 25})
+		if err != nil {
+			t.Fatalf("ReadBatch: %v", err)
+		}
+		size := 0
+		for _, r := range b.Records {
+			got = append(got, r.Seq)
+			size += r.Size()
+			after = r.Seq
+		}
+		if size > 25 && len(b.Records) > 1 {
+			t.Errorf("a batch of %d records holds %d bytes, over its bound of 25", len(b.Records), size)
+		}
+		if !b.More {
+			break
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint([]feed.Seq{1, 2, 3, 5, 6, 7, 8, 9}) {
+		t.Errorf("reading on by bytes got seqs %v, want each of 1 2 3 5 6 7 8 9 once", got)
 	}
 }
 
@@ -353,6 +438,8 @@ func feedBadInput(t *testing.T, e *env) {
 		_, err := e.h.Write(e.ctx, e.feed, []feed.Change{good, {Key: "bad", Doc: []byte(bad)}})
 		wantInvalid(t, "Write with "+name, err, "changes[1].doc")
 	}
+	_, err := e.h.Write(e.ctx, e.feed, []feed.Change{good, feed.Put("bad", nil)})
+	wantInvalid(t, "Write with a nil document (a deletion is feed.Delete's)", err, "changes[1].doc")
 	if b := e.readAll(e.feed, 0); len(b.Records) != 0 || b.Head != 0 {
 		t.Errorf("after refused batches the feed holds %s at head %d; a batch with one bad change must write nothing", describeRecords(b.Records), b.Head)
 	}
@@ -364,7 +451,7 @@ func feedBadInput(t *testing.T, e *env) {
 		wantInvalid(t, "Head of a feed name "+name, err, "feed name")
 		_, err = e.h.Reader.Generation(e.ctx, f)
 		wantInvalid(t, "Generation of a feed name "+name, err, "feed name")
-		_, err = e.h.Reader.ReadBatch(e.ctx, f, 0, 10)
+		_, err = e.h.Reader.ReadBatch(e.ctx, f, 0, feed.BatchLimit{Records: 10})
 		wantInvalid(t, "ReadBatch of a feed name "+name, err, "feed name")
 		sub, err := e.h.Reader.Subscribe(e.ctx, f)
 		wantInvalid(t, "Subscribe to a feed name "+name, err, "feed name")
@@ -377,9 +464,11 @@ func feedBadInput(t *testing.T, e *env) {
 		}
 	}
 	for _, limit := range []int{0, -1, feed.MaxBatchLimit + 1} {
-		_, err := e.h.Reader.ReadBatch(e.ctx, e.feed, 0, limit)
-		wantInvalid(t, fmt.Sprintf("ReadBatch with limit %d", limit), err, "limit")
+		_, err := e.h.Reader.ReadBatch(e.ctx, e.feed, 0, feed.BatchLimit{Records: limit})
+		wantInvalid(t, fmt.Sprintf("ReadBatch with limit %d", limit), err, "limit.records")
 	}
-	_, err := e.h.Reader.ReadBatch(e.ctx, e.feed, -1, 10)
+	_, err = e.h.Reader.ReadBatch(e.ctx, e.feed, 0, feed.BatchLimit{Records: 10, Bytes: -1})
+	wantInvalid(t, "ReadBatch with a negative byte bound", err, "limit.bytes")
+	_, err = e.h.Reader.ReadBatch(e.ctx, e.feed, -1, feed.BatchLimit{Records: 10})
 	wantInvalid(t, "ReadBatch after -1", err, "after")
 }

@@ -117,7 +117,7 @@ func (e *env) rebuild() feed.Generation {
 
 func (e *env) readAll(f feed.FeedName, after feed.Seq) feed.Batch {
 	e.t.Helper()
-	b, err := e.h.Reader.ReadBatch(e.ctx, f, after, feed.MaxBatchLimit)
+	b, err := e.h.Reader.ReadBatch(e.ctx, f, after, feed.BatchLimit{Records: feed.MaxBatchLimit})
 	if err != nil {
 		e.t.Fatalf("ReadBatch(%s, %d): %v", f, after, err)
 	}

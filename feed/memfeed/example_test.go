@@ -49,7 +49,7 @@ func Example() {
 
 	// The sink has no cursor yet, so everything after seq 0 is new to it.
 	cursor, _ := store.ReadCursor(ctx, search)
-	batch, _ := store.ReadBatch(ctx, orders, cursor.Seq, 100)
+	batch, _ := store.ReadBatch(ctx, orders, cursor.Seq, feed.BatchLimit{Records: 100})
 	for _, r := range batch.Records {
 		fmt.Printf("read %s@%d %s\n", r.Key, r.Seq, r.Doc)
 	}
@@ -80,7 +80,7 @@ func Example() {
 	// An operator fixes the cause and retries: the row gets a fresh seq, so
 	// it shows up again after the sink's cursor.
 	retried, _ := store.RetryParked(ctx, search, "order-2")
-	batch, _ = store.ReadBatch(ctx, orders, cursor.Seq, 100)
+	batch, _ = store.ReadBatch(ctx, orders, cursor.Seq, feed.BatchLimit{Records: 100})
 	fmt.Printf("retried %v; after the cursor now: %s@%d\n", retried, batch.Records[0].Key, batch.Records[0].Seq)
 
 	// Output:

@@ -347,12 +347,16 @@ func (s *Store) Generation(_ context.Context, f feed.FeedName) (feed.Generation,
 	return s.feedLocked(f).generation, nil
 }
 
-// ReadBatch returns up to limit records after seq after; see feed.Reader.
-func (s *Store) ReadBatch(_ context.Context, f feed.FeedName, after feed.Seq, limit int) (feed.Batch, error) {
+// ReadBatch returns the records after seq after, up to limit; see
+// feed.Reader.
+func (s *Store) ReadBatch(_ context.Context, f feed.FeedName, after feed.Seq, limit feed.BatchLimit) (feed.Batch, error) {
 	if err := f.Validate(); err != nil {
 		return feed.Batch{}, err
 	}
-	if err := validateRead(after, limit); err != nil {
+	if after < 0 {
+		return feed.Batch{}, feed.Invalid("after", "is %d; seqs are never negative", after)
+	}
+	if err := limit.Validate("limit"); err != nil {
 		return feed.Batch{}, err
 	}
 	s.mu.Lock()
@@ -362,25 +366,24 @@ func (s *Store) ReadBatch(_ context.Context, f feed.FeedName, after feed.Seq, li
 	if s.faults.readSkipsGeneration {
 		b.Generation = feed.FirstGeneration
 	}
-	for i := sort.Search(len(fs.order), func(i int) bool { return fs.order[i] > after }); i < len(fs.order) && len(b.Records) < limit; i++ {
+	size := 0
+	for i := sort.Search(len(fs.order), func(i int) bool { return fs.order[i] > after }); i < len(fs.order); i++ {
 		key, ok := fs.bySeq[fs.order[i]]
 		if !ok {
 			continue
 		}
+		if len(b.Records) == limit.Records {
+			b.More = true
+			break
+		}
 		r := fs.rows[key]
+		if size += len(key) + len(r.doc); limit.Bytes > 0 && size > limit.Bytes && len(b.Records) > 0 {
+			b.More = true
+			break
+		}
 		b.Records = append(b.Records, feed.Record{Key: key, Seq: r.seq, Doc: clone(r.doc)})
 	}
 	return b, nil
-}
-
-func validateRead(after feed.Seq, limit int) error {
-	if after < 0 {
-		return feed.Invalid("after", "is %d; seqs are never negative", after)
-	}
-	if limit < 1 || limit > feed.MaxBatchLimit {
-		return feed.Invalid("limit", "is %d; it must be 1 to %d", limit, feed.MaxBatchLimit)
-	}
-	return nil
 }
 
 // Subscribe returns a subscription signalled after every commit to f.

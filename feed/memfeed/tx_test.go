@@ -92,7 +92,7 @@ func TestRollback(t *testing.T) {
 	if _, err := s.Write(ctx, tx, "f", []feed.Change{feed.Put("a", doc(`1`))}); !errors.Is(err, feed.ErrInvalid) {
 		t.Fatalf("write in an ended transaction = %v, want ErrInvalid", err)
 	}
-	b, _ := s.ReadBatch(ctx, "f", 0, 10)
+	b, _ := s.ReadBatch(ctx, "f", 0, feed.BatchLimit{Records: 10})
 	if len(b.Records) != 0 || b.Head != 0 {
 		t.Fatalf("after rollback: %+v", b)
 	}
@@ -139,7 +139,7 @@ func TestResetFeedThenWrite(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := s.ReadBatch(ctx, "f", 0, 10)
+	b, _ := s.ReadBatch(ctx, "f", 0, feed.BatchLimit{Records: 10})
 	if b.Generation != 2 || len(b.Records) != 1 || b.Records[0].Key != "c" || b.Records[0].Seq != 3 || b.Head != 3 {
 		t.Fatalf("after reset: %+v", b)
 	}
