@@ -130,6 +130,32 @@ func (e *env) rebuild() feed.Generation {
 	return g
 }
 
+// The hook… helpers are write, rebuild and cursor for a sink hook, which runs
+// on the worker's goroutine: a Fatalf there would end that goroutine and not
+// the test, leaving the runner's shutdown to wait for it until the package
+// times out. They report a failure with Errorf instead, which fails the test
+// at its end, and let the worker carry on.
+
+func (e *env) hookWrite(changes ...feed.Change) {
+	if _, err := e.h.Write(context.WithoutCancel(e.ctx), e.feed, changes); err != nil {
+		e.t.Errorf("write in a sink hook: %v", err)
+	}
+}
+
+func (e *env) hookRebuild() {
+	if _, err := e.h.Rebuild(context.WithoutCancel(e.ctx), e.feed); err != nil {
+		e.t.Errorf("rebuild in a sink hook: %v", err)
+	}
+}
+
+func (e *env) hookCursor(id feed.SinkID) feed.Cursor {
+	c, err := e.h.Store.ReadCursor(context.WithoutCancel(e.ctx), id)
+	if err != nil {
+		e.t.Errorf("read cursor in a sink hook: %v", err)
+	}
+	return c
+}
+
 func doc(format string, args ...any) json.RawMessage {
 	return json.RawMessage(fmt.Sprintf(format, args...))
 }
@@ -137,13 +163,22 @@ func doc(format string, args ...any) json.RawMessage {
 // liveDocs reads the feed's live documents (tombstones left out).
 func (e *env) liveDocs() (map[feed.Key]json.RawMessage, feed.Batch) {
 	e.t.Helper()
+	docs, last, err := e.readLive()
+	if err != nil {
+		e.t.Fatalf("read: %v", err)
+	}
+	return docs, last
+}
+
+// readLive is liveDocs returning its error, for a sink hook.
+func (e *env) readLive() (map[feed.Key]json.RawMessage, feed.Batch, error) {
 	out := map[feed.Key]json.RawMessage{}
 	var after feed.Seq
 	var last feed.Batch
 	for {
-		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, after, feed.MaxBatchLimit)
+		b, err := e.h.Reader.ReadBatch(context.WithoutCancel(e.ctx), e.feed, after, feed.MaxBatchLimit)
 		if err != nil {
-			e.t.Fatalf("read: %v", err)
+			return nil, feed.Batch{}, err
 		}
 		for _, r := range b.Records {
 			if r.Doc != nil {
@@ -155,7 +190,7 @@ func (e *env) liveDocs() (map[feed.Key]json.RawMessage, feed.Batch) {
 		}
 		last = b
 		if len(b.Records) < feed.MaxBatchLimit {
-			return out, last
+			return out, last, nil
 		}
 	}
 }

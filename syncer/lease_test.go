@@ -3,6 +3,7 @@ package syncer_test
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,5 +223,63 @@ func TestShutdownReleasesLeases(t *testing.T) {
 			}
 			return true
 		})
+	})
+}
+
+// TestLeaseLostBeforePublish takes the lease away while the resync's last
+// batch is in the target, after the last EnsureHeld the batches asked: the
+// publish is a change to what the sink serves, so the worker must ask again
+// before it, find the lease gone, abort the target and never publish it.
+// Taking the lease again, it resyncs from the start and publishes.
+func TestLeaseLostBeforePublish(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		opts := testOptions(t, e)
+		opts.BatchSize = 10
+		var res feed.WriteResult
+		for i := range 25 {
+			res = e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+		}
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "target-apply" && slices.Contains(c.Seqs, res.Last) && once.CompareAndSwap(false, true) {
+				close(entered)
+				<-release
+			}
+			return nil
+		})
+		run, spy := one(t, e, w, "A", opts)
+		<-entered
+		old, rival := e.steal(t, spy, w.id)
+		close(release)
+		e.eventually("the worker in standby", e.limit(), func() bool {
+			st := run.r.States()[0]
+			return st.Phase == syncer.PhaseStandby && !st.LeaseHeld
+		})
+		var aborted bool
+		for _, c := range w.log() {
+			if c.Holder != old.Holder() {
+				continue
+			}
+			if c.Op == "publish" {
+				t.Fatalf("the target was published by holder %q after its lease was lost", c.Holder)
+			}
+			aborted = aborted || c.Op == "abort"
+		}
+		if !aborted {
+			t.Fatal("the target of the lost lease was not aborted")
+		}
+		if c := e.cursor(w.id); !c.IsZero() {
+			t.Fatalf("cursor %v under a lost lease, want none", c)
+		}
+		if err := rival.Release(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCaughtUp(w.id)
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+		onlyHolders(t, w)
+		noProblems(t, w)
 	})
 }

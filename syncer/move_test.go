@@ -141,7 +141,7 @@ func TestPutOffMovesLand(t *testing.T) {
 				case 5:
 					return errors.New("injected sink fault")
 				case 6:
-					atRetry.Store(int64(e.cursor(w.id).Seq))
+					atRetry.Store(int64(e.hookCursor(w.id).Seq))
 				}
 				return nil
 			})
@@ -177,7 +177,7 @@ func TestPutOffMovesLand(t *testing.T) {
 			var atFourth atomic.Int64
 			w.setHook(func(ctx context.Context, c *call) error {
 				if applies.next(c) == 4 {
-					atFourth.Store(int64(e.cursor(w.id).Seq))
+					atFourth.Store(int64(e.hookCursor(w.id).Seq))
 				}
 				return nil
 			})
