@@ -135,7 +135,7 @@ func TestInitialResync(t *testing.T) {
 		if !st.LeaseHeld || st.Holder != spy.holder(w.id) || st.Holder == "" {
 			t.Errorf("state lease %v %q, want held by %q", st.LeaseHeld, st.Holder, spy.holder(w.id))
 		}
-		if st.Cursor != e.cursor(w.id) || st.RecordsSent != 250 || st.Resyncs != 1 || st.Lag != 0 || st.Head != last.Head || st.LastAdvance.IsZero() || st.LastError != nil {
+		if st.Cursor != e.cursor(w.id) || st.RecordsSent != 250 || st.RecordsApplied != 250 || st.Resyncs != 1 || st.Lag != 0 || st.Head != last.Head || st.LastAdvance.IsZero() || st.LastError != nil {
 			t.Errorf("state %+v", st)
 		}
 	})
@@ -193,6 +193,11 @@ func TestParkUnparkRetry(t *testing.T) {
 		}
 		if _, ok := w.docs()["k2"]; ok {
 			t.Fatal("the refused k2 is in the sink")
+		}
+		// Sent, the three; applied, the two the sink took.
+		e.eventually("the resync counted", e.limit(), func() bool { return run.r.States()[0].Resyncs == 1 })
+		if st := run.r.States()[0]; st.RecordsSent != 3 || st.RecordsApplied != 2 {
+			t.Fatalf("RecordsSent %d, RecordsApplied %d after a resync of 3 records with one refused; want 3 and 2", st.RecordsSent, st.RecordsApplied)
 		}
 
 		// Refused in an incremental batch.
