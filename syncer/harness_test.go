@@ -517,7 +517,11 @@ type leaseSpy struct {
 	mu       sync.Mutex
 	leases   map[feed.SinkID]feed.Lease
 	casFails atomic.Int32 // the next n CASCursor calls fail, landing nothing
-	cas      atomic.Int32 // CASCursor calls made
+	// casLost: the next n CASCursor calls land and then fail, as a commit
+	// whose answer the network lost.
+	casLost atomic.Int32
+	cas     atomic.Int32 // CASCursor calls made
+	takes   atomic.Int32 // leases taken
 }
 
 func newSpy(s feed.SyncStore) *leaseSpy {
@@ -527,6 +531,7 @@ func newSpy(s feed.SyncStore) *leaseSpy {
 func (s *leaseSpy) AcquireLease(ctx context.Context, id feed.SinkID) (feed.Lease, error) {
 	l, err := s.SyncStore.AcquireLease(ctx, id)
 	if err == nil {
+		s.takes.Add(1)
 		s.mu.Lock()
 		s.leases[id] = l
 		s.mu.Unlock()
@@ -553,7 +558,12 @@ func (s *leaseSpy) CASCursor(ctx context.Context, m feed.CursorMove) error {
 		return feed.WriteFailed("moving the cursor", fmt.Errorf("injected fault"))
 	}
 	s.casFails.Store(0)
-	return s.SyncStore.CASCursor(ctx, m)
+	err := s.SyncStore.CASCursor(ctx, m)
+	if s.casLost.Add(-1) >= 0 && err == nil {
+		return feed.WriteFailed("moving the cursor", fmt.Errorf("injected: the answer was lost"))
+	}
+	s.casLost.Store(0)
+	return err
 }
 
 // steal takes the sink's lease away from the worker spy last gave one to, as

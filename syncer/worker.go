@@ -68,7 +68,7 @@ var errGenerationMoved = errors.New("generation moved during the resync")
 //     its lease can lapse, and another only when the store names a different
 //     holder, however many retries in between;
 //   - one line each time it takes the lease, and one when it loses it;
-//   - a resync's and a catch-up's progress (rows sent, rate, seqs left at
+//   - a resync's and a catch-up's progress (rows the sink took, rate, seqs left at
 //     most, the time that should take), at most once per
 //     Options.ProgressInterval on the worker's clock; a resync ends with one
 //     line giving its total and duration, and so does a catch-up long enough
