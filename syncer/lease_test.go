@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -281,5 +282,76 @@ func TestLeaseLostBeforePublish(t *testing.T) {
 		sameDocs(t, "sink", w.docs(), want)
 		onlyHolders(t, w)
 		noProblems(t, w)
+	})
+}
+
+// stallingReader blocks the reads after seq stallAfter until release is
+// closed, whatever their context says (a store slow to give up), and counts
+// the reads in flight.
+type stallingReader struct {
+	feed.Reader
+	stallAfter atomic.Int64 // 0: none
+	release    chan struct{}
+	stalled    chan struct{} // closed when the first stalled read begins
+	once       sync.Once
+	inFlight   atomic.Int32
+}
+
+func (r *stallingReader) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, limit int) (feed.Batch, error) {
+	r.inFlight.Add(1)
+	defer r.inFlight.Add(-1)
+	if s := r.stallAfter.Load(); s != 0 && int64(after) == s {
+		r.once.Do(func() { close(r.stalled) })
+		<-r.release
+	}
+	return r.Reader.ReadBatch(ctx, f, after, limit)
+}
+
+// TestReadAheadEndsWithTheSession loses the lease while the batch after the
+// one being sent is read ahead, then stops the runner: Run returns only once
+// that read has, so no read of the worker outlives Run.
+func TestReadAheadEndsWithTheSession(t *testing.T) {
+	onMem(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		opts := testOptions(t, e)
+		e.write(feed.Put(key(0), doc(`{}`)))
+		reader := &stallingReader{Reader: e.h.Reader, release: make(chan struct{}), stalled: make(chan struct{})}
+		spy := newSpy(e.h.Store)
+		run := start(t, e, reader, spy, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", spy)}}, opts)
+		free := sync.OnceFunc(func() { close(reader.release) })
+		t.Cleanup(free) // before the runner's stop: a failing test frees the read first
+		e.waitCaughtUp(w.id)
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "apply" && once.CompareAndSwap(false, true) {
+				close(entered)
+				<-release
+			}
+			return nil
+		})
+		changes := make([]feed.Change, 3*opts.BatchSize)
+		for i := range changes {
+			changes[i] = feed.Put(key(i+1), doc(`{}`))
+		}
+		res := e.write(changes...)
+		reader.stallAfter.Store(int64(res.First) + int64(opts.BatchSize) - 1) // the read ahead of the first batch
+		<-entered
+		<-reader.stalled
+		e.steal(t, spy, w.id)
+		close(release)
+		stopped := make(chan struct{})
+		go func() { run.stop(); close(stopped) }()
+		time.Sleep(time.Minute)
+		select {
+		case <-stopped:
+			t.Fatalf("Run returned with %d reads of the feed still in flight", reader.inFlight.Load())
+		default:
+		}
+		free()
+		<-stopped
+		if n := reader.inFlight.Load(); n != 0 {
+			t.Fatalf("%d reads in flight after Run returned", n)
+		}
 	})
 }
