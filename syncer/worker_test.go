@@ -451,3 +451,33 @@ func TestResyncRefusalSuperseded(t *testing.T) {
 		sameDocs(t, "sink", w.docs(), want)
 	})
 }
+
+// TestResyncReplacesParked parks a key, then rebuilds the feed without it
+// refused: the resync's move replaces the parked list with what the new copy
+// refused, so nothing of the old generation stays parked.
+func TestResyncReplacesParked(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "index")
+		w.setReject(func(r feed.Record) string {
+			if strings.Contains(string(r.Doc), "bad") {
+				return "bad"
+			}
+			return ""
+		})
+		e.write(feed.Put("gone", doc(`{"bad":1}`)), feed.Put("fixed", doc(`{"bad":1}`)), feed.Put("ok", doc(`{}`)))
+		one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		if p := e.parked(w.id); len(p) != 2 {
+			t.Fatalf("parked %+v, want gone and fixed", p)
+		}
+		e.rebuild()
+		e.write(feed.Put("fixed", doc(`{}`)), feed.Put("new", doc(`{"bad":2}`)))
+		e.waitCaughtUp(w.id)
+		if p := e.parked(w.id); len(p) != 1 || p[0].Key != "new" {
+			t.Fatalf("parked after the rebuild's resync %+v, want only new", p)
+		}
+		want, _ := e.liveDocs()
+		delete(want, "new")
+		sameDocs(t, "sink", w.docs(), want)
+	})
+}
