@@ -261,7 +261,16 @@ type world struct {
 	// checkLease makes every changing call check, against the store, that the
 	// caller's holder is the live recorded one.
 	checkLease bool
+	// begun counts the calls made, to catch a worker that spins.
+	begun atomic.Int64
 }
+
+// spinCalls is more sink calls than any scenario makes. A worker past it is
+// spinning (a bug): each further call then fails the test and sleeps, so that
+// a synctest bubble's fake time, which stands still while the worker is never
+// blocked, moves on and the scenario's waits time out with their message
+// instead of the package timing out.
+const spinCalls = 50_000
 
 type entry struct {
 	seq feed.Seq
@@ -295,6 +304,12 @@ func (w *world) sinkFor(worker string, spy *leaseSpy) *recSink {
 }
 
 func (w *world) begin(ctx context.Context, worker string, spy *leaseSpy, op string, gen feed.Generation, recs []feed.Record, target *recTarget) (*call, error) {
+	if n := w.begun.Add(1); n > spinCalls {
+		if n == spinCalls+1 {
+			w.e.t.Errorf("sink %s: more than %d calls; the worker is spinning", w.id, spinCalls)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	c := &call{Worker: worker, Op: op, Gen: gen, At: time.Now(), target: target}
 	if spy != nil {
 		c.Holder = spy.holder(w.id)
