@@ -2,6 +2,7 @@ package syncer_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -353,5 +354,49 @@ func TestReadAheadEndsWithTheSession(t *testing.T) {
 		if n := reader.inFlight.Load(); n != 0 {
 			t.Fatalf("%d reads in flight after Run returned", n)
 		}
+	})
+}
+
+// TestShutdownKeepsLeaseUntilCallReturns stops a runner while a sink call is
+// in flight and slow to end: the lease stays the worker's until the call has
+// returned, so a rival cannot send beside it, and is free right after.
+func TestShutdownKeepsLeaseUntilCallReturns(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		entered, release := make(chan struct{}), make(chan struct{})
+		free := sync.OnceFunc(func() { close(release) })
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "apply" && once.CompareAndSwap(false, true) {
+				close(entered)
+				<-release // a call that ends when it ends, whatever its context says
+			}
+			return nil
+		})
+		run, _ := one(t, e, w, "A", testOptions(t, e))
+		t.Cleanup(free) // before the runner's stop: a failing test ends the call first
+		e.waitCaughtUp(w.id)
+		e.write(feed.Put("a", doc(`{}`)))
+		<-entered
+		stopped := make(chan struct{})
+		go func() { run.stop(); close(stopped) }()
+		pause := time.Second
+		if !e.fakeNow {
+			pause = 300 * time.Millisecond
+		}
+		time.Sleep(pause) // the shutdown has begun
+		if l, err := e.h.Store.AcquireLease(e.ctx, w.id); err == nil {
+			_ = l.Release(e.ctx)
+			t.Fatal("a rival took the lease while the stopping worker's call was in flight")
+		} else if !errors.Is(err, feed.ErrLeaseHeld) {
+			t.Fatalf("a rival's take: %v, want ErrLeaseHeld", err)
+		}
+		free()
+		<-stopped
+		l, err := e.h.Store.AcquireLease(e.ctx, w.id)
+		if err != nil {
+			t.Fatalf("a rival could not take the lease once the worker stopped: %v", err)
+		}
+		_ = l.Release(e.ctx)
 	})
 }
