@@ -3,6 +3,7 @@ package feed
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinels for the conditions a caller branches on. Every error this module
@@ -35,13 +36,32 @@ var (
 	ErrInvalid = errors.New("invalid input")
 )
 
-// LeaseHeldError says which sink's lease is held. It matches ErrLeaseHeld.
+// LeaseHeldError says which sink's lease is held, and by whom as the store
+// knew it when it refused, so that a worker left waiting can say what it waits
+// for. It matches ErrLeaseHeld.
 type LeaseHeldError struct {
 	ID SinkID
+	// Holder is the holder recorded on the sink's cursor row when the store
+	// refused; "" when the store could not tell (an advisory lock whose
+	// holder has not recorded itself yet, or a refusal that did not read the
+	// row).
+	Holder LeaseHolder
+	// ExpiresAt is when that holder's lease row lapses unless it is renewed,
+	// by the store's clock (the database's, for pgfeed): the latest a
+	// crashed holder keeps the sink. Zero for an advisory holder, whose lease
+	// lasts as long as its session, and when Holder is "".
+	ExpiresAt time.Time
 }
 
 func (e *LeaseHeldError) Error() string {
-	return fmt.Sprintf("feed %q sink %q: %v", e.ID.Feed, e.ID.Sink, ErrLeaseHeld)
+	msg := fmt.Sprintf("feed %q sink %q: %v", e.ID.Feed, e.ID.Sink, ErrLeaseHeld)
+	switch {
+	case e.Holder != "" && !e.ExpiresAt.IsZero():
+		msg += fmt.Sprintf(" (holder %s, lapsing at %s unless renewed)", e.Holder, e.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	case e.Holder != "":
+		msg += fmt.Sprintf(" (holder %s, for as long as its session lives)", e.Holder)
+	}
+	return msg
 }
 
 // Is reports whether target is ErrLeaseHeld.

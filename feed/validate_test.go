@@ -251,3 +251,26 @@ func TestErrorsMatch(t *testing.T) {
 		t.Error("WriteFailed must not hide a lost lease")
 	}
 }
+
+// TestLeaseHeldErrorSaysWho: a refusal's message names the holder and when
+// its lease can lapse, or that it lasts with its session, when the store said.
+func TestLeaseHeldErrorSaysWho(t *testing.T) {
+	t.Parallel()
+	id := feed.SinkID{Feed: "f", Sink: "s"}
+	at := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
+	for _, tc := range []struct {
+		err  *feed.LeaseHeldError
+		want []string
+	}{
+		{&feed.LeaseHeldError{ID: id}, []string{`feed "f" sink "s": lease held by another worker`}},
+		{&feed.LeaseHeldError{ID: id, Holder: "pg-row:ab", ExpiresAt: at}, []string{"holder pg-row:ab", "lapsing at 2031-05-06T07:08:09Z"}},
+		{&feed.LeaseHeldError{ID: id, Holder: "pg-advisory:cd"}, []string{"holder pg-advisory:cd", "session"}},
+	} {
+		msg := tc.err.Error()
+		for _, w := range tc.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%q does not say %q", msg, w)
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -63,21 +64,33 @@ func (s *Store) acquireRow(ctx context.Context, id feed.SinkID) (feed.Lease, err
 	holder := newHolder("row")
 	ttl := micros(s.lease.TTL)
 	takenAt := s.clock.Now()
-	var taken bool
+	var (
+		taken bool
+		held  *feed.LeaseHeldError
+	)
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var locked bool
 		if err := tx.QueryRow(ctx, s.sql.lockSinkXact, s.sinkKey(id)).Scan(&locked); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, s.sql.takeRow, string(id.Feed), string(id.Sink), string(holder), s.at(takenAt), ttl, locked)
-		taken = tag.RowsAffected() > 0
+		if err != nil {
+			return err
+		}
+		if taken = tag.RowsAffected() > 0; taken {
+			return nil
+		}
+		// Refused. The upsert locked the row all the same (ON CONFLICT locks
+		// the row it judges), so this read, one primary-key lookup on the
+		// refusal path only, names the holder that refused the take.
+		held, err = s.leaseHeld(ctx, tx, id)
 		return err
 	})
 	if err != nil {
 		return nil, feed.WriteFailed("taking the lease of "+id.String(), err)
 	}
 	if !taken {
-		return nil, &feed.LeaseHeldError{ID: id}
+		return nil, held
 	}
 	return leaserow.Start(ctx, leaserow.Config{
 		ID:      id,
@@ -98,6 +111,32 @@ func (s *Store) acquireRow(ctx context.Context, id feed.SinkID) (feed.Lease, err
 			return err
 		},
 	}), nil
+}
+
+// leaseHeld reads who holds id's lease on q into a refusal. An absent row or
+// an absent holder leaves the refusal's Holder empty.
+func (s *Store) leaseHeld(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, id feed.SinkID) (*feed.LeaseHeldError, error) {
+	held := &feed.LeaseHeldError{ID: id}
+	var (
+		holder  *string
+		expires *time.Time
+	)
+	err := q.QueryRow(ctx, s.sql.leaseOf, string(id.Feed), string(id.Sink)).Scan(&holder, &expires)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return held, nil
+	case err != nil:
+		return nil, err
+	}
+	if holder != nil {
+		held.Holder = feed.LeaseHolder(*holder)
+		if expires != nil {
+			held.ExpiresAt = *expires
+		}
+	}
+	return held, nil
 }
 
 // Session settings of an advisory lease's connection. A holder cut off from
@@ -136,7 +175,7 @@ func (s *Store) acquireAdvisory(ctx context.Context, id feed.SinkID) (feed.Lease
 		return fail(feed.WriteFailed("taking the advisory lock of "+id.String(), err))
 	}
 	if !locked {
-		return fail(&feed.LeaseHeldError{ID: id})
+		return fail(s.advisoryRefusal(ctx, conn, id))
 	}
 	holder := newHolder("advisory")
 	tag, err := conn.Exec(ctx, s.sql.claimAdvisory, string(id.Feed), string(id.Sink), string(holder), s.now(), key)
@@ -147,11 +186,22 @@ func (s *Store) acquireAdvisory(ctx context.Context, id feed.SinkID) (feed.Lease
 		// A live lease row holds the sink: the lock guards nothing, so it goes
 		// now, and an advisory worker may try again once that row lapses.
 		s.unlockSession(conn, key)
-		return fail(&feed.LeaseHeldError{ID: id})
+		return fail(s.advisoryRefusal(ctx, conn, id))
 	}
 	l := &advisoryLease{s: s, id: id, holder: holder, key: key, conn: conn, stop: make(chan struct{}), done: make(chan struct{})}
 	go l.watch(ctx)
 	return l, nil
+}
+
+// advisoryRefusal is the refusal of an advisory take, naming the holder the
+// row records. The refusal stands whether or not the row can be read: a failed
+// read only leaves the holder unnamed.
+func (s *Store) advisoryRefusal(ctx context.Context, conn *pgx.Conn, id feed.SinkID) error {
+	held, err := s.leaseHeld(ctx, conn, id)
+	if err != nil {
+		return &feed.LeaseHeldError{ID: id}
+	}
+	return held
 }
 
 // unlockSession lets the session lock go at once, best effort: closing the

@@ -27,6 +27,16 @@ func wantErr(t *testing.T, what string, err, target error) {
 	}
 }
 
+// wantHeldBy fails t unless err is a refusal that names holder and expires
+// (zero for an advisory holder).
+func wantHeldBy(t *testing.T, what string, err error, holder feed.LeaseHolder, expires time.Time) {
+	t.Helper()
+	var held *feed.LeaseHeldError
+	if !errors.As(err, &held) || held.Holder != holder || !held.ExpiresAt.Equal(expires) {
+		t.Fatalf("%s: got %v, want a refusal naming holder %s expiring at %v", what, err, holder, expires)
+	}
+}
+
 func mustAcquire(t *testing.T, s *pgfeed.Store, ctx context.Context, id feed.SinkID) feed.Lease {
 	t.Helper()
 	l, err := s.AcquireLease(ctx, id)
@@ -321,8 +331,10 @@ func TestAdvisoryLease(t *testing.T) {
 		}
 		_, err := advB.AcquireLease(ctx, id)
 		wantErr(t, "an advisory rival", err, feed.ErrLeaseHeld)
+		wantHeldBy(t, "an advisory rival", err, a.Holder(), time.Time{})
 		_, err = row.AcquireLease(ctx, id)
 		wantErr(t, "a lease-row rival of a live advisory holder", err, feed.ErrLeaseHeld)
+		wantHeldBy(t, "a lease-row rival of a live advisory holder", err, a.Holder(), time.Time{})
 		_, err = row.RemoveSink(ctx, id)
 		wantErr(t, "RemoveSink while the session lives", err, feed.ErrLeaseHeld)
 		if err := advA.CASCursor(ctx, feed.CursorMove{ID: id, Holder: a.Holder(), Next: feed.Cursor{Generation: 1, Seq: 0}}); err != nil {
@@ -357,10 +369,12 @@ func TestAdvisoryLease(t *testing.T) {
 		if !recorded {
 			t.Fatalf("the crashed advisory holder is not on the row: %+v", desc.Sinks)
 		}
+		takenAt := clock.Now()
 		r := mustAcquire(t, row, ctx, id)
 		// Now a live lease row refuses every advisory worker, until it lapses.
 		_, err = advB.AcquireLease(ctx, id)
 		wantErr(t, "an advisory worker against a live lease row", err, feed.ErrLeaseHeld)
+		wantHeldBy(t, "an advisory worker against a live lease row", err, r.Holder(), takenAt.Add(feed.DefaultLeaseTTL))
 		// The refused worker let its lock go at once: a lease-row take still
 		// gets the transaction lock, which the RemoveSink of a lapsed row needs.
 		clock.Skip(feed.DefaultLeaseTTL)

@@ -47,6 +47,10 @@ type statements struct {
 	// no holder, its expiry has passed, or its holder is an advisory one (no
 	// expiry) and $6 says this transaction holds the sink's advisory lock.
 	takeRow string
+	// leaseOf reads the sink's recorded holder and expiry, for a refused take
+	// to say who holds the sink; a row take runs it in its own transaction,
+	// after takeRow locked the row, so it reads the holder that refused it.
+	leaseOf string
 	// renewRow extends this holder's expiry to at least now+ttl; it never
 	// moves it back, and lands nothing once the row names someone else.
 	renewRow string
@@ -157,6 +161,7 @@ WHERE c.lease_holder IS NULL
    OR c.lease_expires_at <= ` + nowAt(4) + `
    OR (c.lease_expires_at IS NULL AND $6::boolean)
 RETURNING 1`,
+		leaseOf: `SELECT lease_holder, lease_expires_at FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		renewRow: `UPDATE ` + c + ` SET lease_expires_at = greatest(lease_expires_at, ` + nowAt(4) + ` + $5::bigint * interval '1 microsecond')
 WHERE feed = $1::text AND sink = $2::text AND lease_holder = $3::text
 RETURNING 1`,

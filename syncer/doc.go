@@ -101,5 +101,6 @@
 // so it neither spins nor goes unseen. A worker that cannot subscribe to the
 // feed's wake-ups polls meanwhile: lost wake-ups cost latency, never progress.
 // State exposes each worker's phase,
-// cursor, lag, counts, lease and last error while it runs.
+// cursor, lag, counts, lease (or the rival it waits for) and last error, with
+// when it recovered, while it runs; Worker's doc says what it logs.
 package syncer

@@ -213,6 +213,37 @@ func TestStoreFaults(t *testing.T) {
 	})
 }
 
+// TestMoveLandedAnswerLost has a cursor move land and its answer fail, as
+// when the network drops a commit's reply: the worker does not trust its own
+// view of the cursor after the fault but reads it again, so it neither sends
+// the batch again nor loses its lease to a move that expects the old cursor.
+func TestMoveLandedAnswerLost(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		e.write(feed.Put("a", doc(`{}`)))
+		run, spy := one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		spy.casLost.Store(1)
+		e.write(feed.Put("b", doc(`{}`)))
+		e.waitCaughtUp(w.id)
+		e.write(feed.Put("c", doc(`{}`)))
+		e.waitCaughtUp(w.id)
+		if n := spy.takes.Load(); n != 1 {
+			t.Fatalf("%d leases taken, want 1: a move that landed made the worker's next move expect the old cursor", n)
+		}
+		if err := run.r.States()[0].LastError; !errors.Is(err, feed.ErrWriteFailed) {
+			t.Fatalf("last error %v, want the injected lost answer", err)
+		}
+		for s, n := range applied(w) {
+			if n != 1 {
+				t.Fatalf("seq %d was applied %d times, want once: its move had landed", s, n)
+			}
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+	})
+}
+
 // TestBadRejection has the sink reject a key it was not sent: nothing is
 // parked on that guess, the cursor stays, and the worker goes on once the sink
 // behaves.

@@ -130,6 +130,32 @@ func (e *env) rebuild() feed.Generation {
 	return g
 }
 
+// The hook… helpers are write, rebuild and cursor for a sink hook, which runs
+// on the worker's goroutine: a Fatalf there would end that goroutine and not
+// the test, leaving the runner's shutdown to wait for it until the package
+// times out. They report a failure with Errorf instead, which fails the test
+// at its end, and let the worker carry on.
+
+func (e *env) hookWrite(changes ...feed.Change) {
+	if _, err := e.h.Write(context.WithoutCancel(e.ctx), e.feed, changes); err != nil {
+		e.t.Errorf("write in a sink hook: %v", err)
+	}
+}
+
+func (e *env) hookRebuild() {
+	if _, err := e.h.Rebuild(context.WithoutCancel(e.ctx), e.feed); err != nil {
+		e.t.Errorf("rebuild in a sink hook: %v", err)
+	}
+}
+
+func (e *env) hookCursor(id feed.SinkID) feed.Cursor {
+	c, err := e.h.Store.ReadCursor(context.WithoutCancel(e.ctx), id)
+	if err != nil {
+		e.t.Errorf("read cursor in a sink hook: %v", err)
+	}
+	return c
+}
+
 func doc(format string, args ...any) json.RawMessage {
 	return json.RawMessage(fmt.Sprintf(format, args...))
 }
@@ -137,13 +163,22 @@ func doc(format string, args ...any) json.RawMessage {
 // liveDocs reads the feed's live documents (tombstones left out).
 func (e *env) liveDocs() (map[feed.Key]json.RawMessage, feed.Batch) {
 	e.t.Helper()
+	docs, last, err := e.readLive()
+	if err != nil {
+		e.t.Fatalf("read: %v", err)
+	}
+	return docs, last
+}
+
+// readLive is liveDocs returning its error, for a sink hook.
+func (e *env) readLive() (map[feed.Key]json.RawMessage, feed.Batch, error) {
 	out := map[feed.Key]json.RawMessage{}
 	var after feed.Seq
 	var last feed.Batch
 	for {
-		b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, after, feed.BatchLimit{Records: feed.MaxBatchLimit})
+		b, err := e.h.Reader.ReadBatch(context.WithoutCancel(e.ctx), e.feed, after, feed.BatchLimit{Records: feed.MaxBatchLimit})
 		if err != nil {
-			e.t.Fatalf("read: %v", err)
+			return nil, feed.Batch{}, err
 		}
 		for _, r := range b.Records {
 			if r.Doc != nil {
@@ -155,7 +190,7 @@ func (e *env) liveDocs() (map[feed.Key]json.RawMessage, feed.Batch) {
 		}
 		last = b
 		if len(b.Records) < feed.MaxBatchLimit {
-			return out, last
+			return out, last, nil
 		}
 	}
 }
@@ -226,7 +261,16 @@ type world struct {
 	// checkLease makes every changing call check, against the store, that the
 	// caller's holder is the live recorded one.
 	checkLease bool
+	// begun counts the calls made, to catch a worker that spins.
+	begun atomic.Int64
 }
+
+// spinCalls is more sink calls than any scenario makes. A worker past it is
+// spinning (a bug): each further call then fails the test and sleeps, so that
+// a synctest bubble's fake time, which stands still while the worker is never
+// blocked, moves on and the scenario's waits time out with their message
+// instead of the package timing out.
+const spinCalls = 50_000
 
 type entry struct {
 	seq feed.Seq
@@ -260,6 +304,12 @@ func (w *world) sinkFor(worker string, spy *leaseSpy) *recSink {
 }
 
 func (w *world) begin(ctx context.Context, worker string, spy *leaseSpy, op string, gen feed.Generation, recs []feed.Record, target *recTarget) (*call, error) {
+	if n := w.begun.Add(1); n > spinCalls {
+		if n == spinCalls+1 {
+			w.e.t.Errorf("sink %s: more than %d calls; the worker is spinning", w.id, spinCalls)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	c := &call{Worker: worker, Op: op, Gen: gen, At: time.Now(), target: target}
 	if spy != nil {
 		c.Holder = spy.holder(w.id)
@@ -482,7 +532,11 @@ type leaseSpy struct {
 	mu       sync.Mutex
 	leases   map[feed.SinkID]feed.Lease
 	casFails atomic.Int32 // the next n CASCursor calls fail, landing nothing
-	cas      atomic.Int32 // CASCursor calls made
+	// casLost: the next n CASCursor calls land and then fail, as a commit
+	// whose answer the network lost.
+	casLost atomic.Int32
+	cas     atomic.Int32 // CASCursor calls made
+	takes   atomic.Int32 // leases taken
 }
 
 func newSpy(s feed.SyncStore) *leaseSpy {
@@ -492,6 +546,7 @@ func newSpy(s feed.SyncStore) *leaseSpy {
 func (s *leaseSpy) AcquireLease(ctx context.Context, id feed.SinkID) (feed.Lease, error) {
 	l, err := s.SyncStore.AcquireLease(ctx, id)
 	if err == nil {
+		s.takes.Add(1)
 		s.mu.Lock()
 		s.leases[id] = l
 		s.mu.Unlock()
@@ -518,7 +573,12 @@ func (s *leaseSpy) CASCursor(ctx context.Context, m feed.CursorMove) error {
 		return feed.WriteFailed("moving the cursor", fmt.Errorf("injected fault"))
 	}
 	s.casFails.Store(0)
-	return s.SyncStore.CASCursor(ctx, m)
+	err := s.SyncStore.CASCursor(ctx, m)
+	if s.casLost.Add(-1) >= 0 && err == nil {
+		return feed.WriteFailed("moving the cursor", fmt.Errorf("injected: the answer was lost"))
+	}
+	s.casLost.Store(0)
+	return err
 }
 
 // steal takes the sink's lease away from the worker spy last gave one to, as

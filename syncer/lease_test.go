@@ -2,7 +2,10 @@ package syncer_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,5 +225,178 @@ func TestShutdownReleasesLeases(t *testing.T) {
 			}
 			return true
 		})
+	})
+}
+
+// TestLeaseLostBeforePublish takes the lease away while the resync's last
+// batch is in the target, after the last EnsureHeld the batches asked: the
+// publish is a change to what the sink serves, so the worker must ask again
+// before it, find the lease gone, abort the target and never publish it.
+// Taking the lease again, it resyncs from the start and publishes.
+func TestLeaseLostBeforePublish(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		opts := testOptions(t, e)
+		opts.BatchSize = 10
+		var res feed.WriteResult
+		for i := range 25 {
+			res = e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+		}
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "target-apply" && slices.Contains(c.Seqs, res.Last) && once.CompareAndSwap(false, true) {
+				close(entered)
+				<-release
+			}
+			return nil
+		})
+		run, spy := one(t, e, w, "A", opts)
+		<-entered
+		old, rival := e.steal(t, spy, w.id)
+		close(release)
+		e.eventually("the worker in standby", e.limit(), func() bool {
+			st := run.r.States()[0]
+			return st.Phase == syncer.PhaseStandby && !st.LeaseHeld
+		})
+		var aborted bool
+		for _, c := range w.log() {
+			if c.Holder != old.Holder() {
+				continue
+			}
+			if c.Op == "publish" {
+				t.Fatalf("the target was published by holder %q after its lease was lost", c.Holder)
+			}
+			aborted = aborted || c.Op == "abort"
+		}
+		if !aborted {
+			t.Fatal("the target of the lost lease was not aborted")
+		}
+		if c := e.cursor(w.id); !c.IsZero() {
+			t.Fatalf("cursor %v under a lost lease, want none", c)
+		}
+		if err := rival.Release(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCaughtUp(w.id)
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+		onlyHolders(t, w)
+		noProblems(t, w)
+	})
+}
+
+// stallingReader blocks the reads after seq stallAfter until release is
+// closed, whatever their context says (a store slow to give up), and counts
+// the reads in flight.
+type stallingReader struct {
+	feed.Reader
+	stallAfter atomic.Int64 // 0: none
+	release    chan struct{}
+	stalled    chan struct{} // closed when the first stalled read begins
+	once       sync.Once
+	inFlight   atomic.Int32
+}
+
+func (r *stallingReader) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, limit feed.BatchLimit) (feed.Batch, error) {
+	r.inFlight.Add(1)
+	defer r.inFlight.Add(-1)
+	if s := r.stallAfter.Load(); s != 0 && int64(after) == s {
+		r.once.Do(func() { close(r.stalled) })
+		<-r.release
+	}
+	return r.Reader.ReadBatch(ctx, f, after, limit)
+}
+
+// TestReadAheadEndsWithTheSession loses the lease while the batch after the
+// one being sent is read ahead, then stops the runner: Run returns only once
+// that read has, so no read of the worker outlives Run.
+func TestReadAheadEndsWithTheSession(t *testing.T) {
+	onMem(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		opts := testOptions(t, e)
+		e.write(feed.Put(key(0), doc(`{}`)))
+		reader := &stallingReader{Reader: e.h.Reader, release: make(chan struct{}), stalled: make(chan struct{})}
+		spy := newSpy(e.h.Store)
+		run := start(t, e, reader, spy, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", spy)}}, opts)
+		free := sync.OnceFunc(func() { close(reader.release) })
+		t.Cleanup(free) // before the runner's stop: a failing test frees the read first
+		e.waitCaughtUp(w.id)
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "apply" && once.CompareAndSwap(false, true) {
+				close(entered)
+				<-release
+			}
+			return nil
+		})
+		changes := make([]feed.Change, 3*opts.BatchSize)
+		for i := range changes {
+			changes[i] = feed.Put(key(i+1), doc(`{}`))
+		}
+		res := e.write(changes...)
+		reader.stallAfter.Store(int64(res.First) + int64(opts.BatchSize) - 1) // the read ahead of the first batch
+		<-entered
+		<-reader.stalled
+		e.steal(t, spy, w.id)
+		close(release)
+		stopped := make(chan struct{})
+		go func() { run.stop(); close(stopped) }()
+		time.Sleep(time.Minute)
+		select {
+		case <-stopped:
+			t.Fatalf("Run returned with %d reads of the feed still in flight", reader.inFlight.Load())
+		default:
+		}
+		free()
+		<-stopped
+		if n := reader.inFlight.Load(); n != 0 {
+			t.Fatalf("%d reads in flight after Run returned", n)
+		}
+	})
+}
+
+// TestShutdownKeepsLeaseUntilCallReturns stops a runner while a sink call is
+// in flight and slow to end: the lease stays the worker's until the call has
+// returned, so a rival cannot send beside it, and is free right after.
+func TestShutdownKeepsLeaseUntilCallReturns(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		entered, release := make(chan struct{}), make(chan struct{})
+		free := sync.OnceFunc(func() { close(release) })
+		var once atomic.Bool
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op == "apply" && once.CompareAndSwap(false, true) {
+				close(entered)
+				<-release // a call that ends when it ends, whatever its context says
+			}
+			return nil
+		})
+		run, _ := one(t, e, w, "A", testOptions(t, e))
+		t.Cleanup(free) // before the runner's stop: a failing test ends the call first
+		e.waitCaughtUp(w.id)
+		e.write(feed.Put("a", doc(`{}`)))
+		<-entered
+		stopped := make(chan struct{})
+		go func() { run.stop(); close(stopped) }()
+		pause := time.Second
+		if !e.fakeNow {
+			pause = 300 * time.Millisecond
+		}
+		time.Sleep(pause) // the shutdown has begun
+		if l, err := e.h.Store.AcquireLease(e.ctx, w.id); err == nil {
+			_ = l.Release(e.ctx)
+			t.Fatal("a rival took the lease while the stopping worker's call was in flight")
+		} else if !errors.Is(err, feed.ErrLeaseHeld) {
+			t.Fatalf("a rival's take: %v, want ErrLeaseHeld", err)
+		}
+		free()
+		<-stopped
+		l, err := e.h.Store.AcquireLease(e.ctx, w.id)
+		if err != nil {
+			t.Fatalf("a rival could not take the lease once the worker stopped: %v", err)
+		}
+		_ = l.Release(e.ctx)
 	})
 }

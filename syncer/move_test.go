@@ -141,7 +141,7 @@ func TestPutOffMovesLand(t *testing.T) {
 				case 5:
 					return errors.New("injected sink fault")
 				case 6:
-					atRetry.Store(int64(e.cursor(w.id).Seq))
+					atRetry.Store(int64(e.hookCursor(w.id).Seq))
 				}
 				return nil
 			})
@@ -177,7 +177,7 @@ func TestPutOffMovesLand(t *testing.T) {
 			var atFourth atomic.Int64
 			w.setHook(func(ctx context.Context, c *call) error {
 				if applies.next(c) == 4 {
-					atFourth.Store(int64(e.cursor(w.id).Seq))
+					atFourth.Store(int64(e.hookCursor(w.id).Seq))
 				}
 				return nil
 			})
@@ -236,6 +236,18 @@ func TestPutOffMovesUnderALostLease(t *testing.T) {
 			if counts[s] != want {
 				t.Fatalf("seq %d was applied %d times, want %d", s, counts[s], want)
 			}
+		}
+		// The counters: every call's records count as sent; as applied, each
+		// record once, when a move that landed covered it (the resync's one
+		// record, then the catch-up's, none of the five batches whose moves
+		// the lost lease could not land).
+		e.eventually("idle", e.limit(), func() bool { return run.r.States()[0].Phase == syncer.PhaseIdle })
+		st := run.r.States()[0]
+		if want := int64(1 + 15*opts.BatchSize); st.RecordsSent != want {
+			t.Errorf("RecordsSent %d, want %d: every record handed to the sink", st.RecordsSent, want)
+		}
+		if want := int64(1 + 10*opts.BatchSize); st.RecordsApplied != want {
+			t.Errorf("RecordsApplied %d, want %d: each record once, when its move landed", st.RecordsApplied, want)
 		}
 		want, _ := e.liveDocs()
 		sameDocs(t, "sink", w.docs(), want)

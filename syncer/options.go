@@ -36,6 +36,10 @@ const (
 	// between moves takes that to ten, and a lost lease then costs at most
 	// that much resending.
 	DefaultMoveInterval = 100 * time.Millisecond
+	// DefaultProgressInterval is the least time between two progress lines of
+	// a resync or a catch-up: often enough to follow a long one, rarely enough
+	// that a catch-up of millions of rows logs a few dozen lines.
+	DefaultProgressInterval = 10 * time.Second
 	// DefaultAdvisorySinkTimeout bounds each sink call under a lease with no
 	// margin to fit the call into (an advisory lock).
 	DefaultAdvisorySinkTimeout = 30 * time.Second
@@ -94,6 +98,11 @@ type Options struct {
 	// negative MoveInterval moves after every batch. Defaults to
 	// DefaultMoveInterval.
 	MoveInterval time.Duration
+	// ProgressInterval is the least time, on Clock, between two INFO lines
+	// reporting a resync's or a catch-up's progress (rows sent, rate, what is
+	// left and when it should be done); Worker's doc says what else a worker
+	// logs. Defaults to DefaultProgressInterval.
+	ProgressInterval time.Duration
 	// Clock is the time the worker's waits (poll, backoff, lease retry) run on
 	// and its State is stamped with. A sink call's deadline is a context
 	// deadline, on the real clock, since that is what a sink's client honours.
@@ -128,6 +137,7 @@ func (o Options) resolve() (Options, error) {
 		{"poll_interval", &o.PollInterval, DefaultPollInterval},
 		{"backoff_min", &o.BackoffMin, DefaultBackoffMin},
 		{"lease_retry", &o.LeaseRetry, DefaultLeaseRetry},
+		{"progress_interval", &o.ProgressInterval, DefaultProgressInterval},
 	} {
 		if *d.v < 0 {
 			return o, feed.Invalid(p+d.name, "is %v; durations must be positive", *d.v)

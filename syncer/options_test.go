@@ -52,6 +52,7 @@ func TestOptionsRefused(t *testing.T) {
 		{"backoff max under min", syncer.Options{BackoffMin: time.Second, BackoffMax: time.Millisecond}, "syncer.backoff_max"},
 		{"negative lease retry", syncer.Options{LeaseRetry: -1}, "syncer.lease_retry"},
 		{"negative sink timeout", syncer.Options{SinkTimeout: -1}, "syncer.sink_timeout"},
+		{"negative progress interval", syncer.Options{ProgressInterval: -time.Second}, "syncer.progress_interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := syncer.NewWorker(store, id, nopSink{}, tc.opts)

@@ -39,6 +39,15 @@ type State struct {
 	// lease's id ("" when none).
 	LeaseHeld bool
 	Holder    feed.LeaseHolder
+	// WaitingFor is, while the worker waits for the lease (standby, and the
+	// retries in between), the holder the store named when it last refused
+	// the worker, and WaitingUntil when that holder's lease lapses unless it
+	// renews it: the latest a crashed holder keeps the sink. WaitingUntil is
+	// zero for an advisory holder, which keeps the sink as long as its
+	// session lives. Both are zero once the worker takes the lease, and when
+	// the store did not say.
+	WaitingFor   feed.LeaseHolder
+	WaitingUntil time.Time
 	// Cursor is where the sink stands, as last read or moved by this worker.
 	Cursor feed.Cursor
 	// Head is the feed's head at the worker's last read.
@@ -47,9 +56,20 @@ type State struct {
 	// batch, and 0 when it found the worker caught up. It counts seqs, an upper
 	// bound on the records still to send, since compaction leaves gaps.
 	Lag int64
-	// RecordsSent counts records handed to the sink, resends after a fault
-	// included.
+	// RecordsSent counts the records handed to the sink in calls that
+	// change it (applies, to the live copy or to a resync target), whatever
+	// became of them: records the sink refused, calls that failed and the
+	// resends after a fault or a lease change all count. It measures the load
+	// on the sink, not progress.
 	RecordsSent int64
+	// RecordsApplied counts progress: the records (a key at a seq) that the
+	// sink took without refusing them and that a cursor move of this worker
+	// then landed past, each once. A batch whose move is put off
+	// (Options.MoveInterval) counts when the move that covers it lands, and
+	// not at all when none does (its records are sent again, and count
+	// then); a resync's records count when the move after its publish lands.
+	// A move that landed but whose answer was lost counts nothing.
+	RecordsApplied int64
 	// Resyncs counts resyncs published.
 	Resyncs int64
 	// Parked is the number of keys parked for the sink, as far as the worker
@@ -57,8 +77,16 @@ type State struct {
 	Parked int
 	// LastAdvance is when this worker last moved the cursor; zero if never.
 	LastAdvance time.Time
-	// LastError is the last fault the worker met, nil until then; it stays
-	// after recovery, with LastErrorAt, so a flapping worker shows.
+	// LastError is the last fault the worker met, nil until then, and
+	// LastErrorAt when it met it. It stays after the worker recovered, so
+	// that a flapping worker shows; RecoveredAt says whether it did.
 	LastError   error
 	LastErrorAt time.Time
+	// RecoveredAt is when the worker next got something done after
+	// LastError: a step of work that succeeded, or a lease taken. Zero while
+	// the fault stands (and before any fault), so LastError != nil with a
+	// zero RecoveredAt is a worker failing now. A fault that does not stop
+	// the work (a failed subscription, after which the worker polls) is
+	// recovered from as soon as the step it happened in succeeds.
+	RecoveredAt time.Time
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +60,28 @@ var errGenerationMoved = errors.New("generation moved during the resync")
 // resyncing; a resync whose feed moves on mid-stream aborts its target and
 // starts again.
 //
+// # What it logs
+//
+// Every line carries the feed and the sink. At INFO, so that an operator can
+// follow a worker without drowning in it:
+//   - standby: one line when the lease is refused, naming the holder and when
+//     its lease can lapse, and another only when the store names a different
+//     holder, however many retries in between;
+//   - one line each time it takes the lease, and one when it loses it;
+//   - a resync's and a catch-up's progress (rows the sink took, rate, seqs left at
+//     most, the time that should take), at most once per
+//     Options.ProgressInterval on the worker's clock; a resync ends with one
+//     line giving its total and duration, and so does a catch-up long enough
+//     to have logged its progress (a catch-up begins with a batch that comes
+//     back full and ends with one that does not);
+//   - one line when it gets work done again after a fault.
+//
+// Faults are logged at WARN, each time (State keeps the last one). A sink
+// that panics is logged at ERROR with its stack the first time it panics at
+// a given place in its code, and with a one-line count, without the stack, at
+// each later panic there, so that a panic on every retry does not fill the
+// log with one stack per retry.
+//
 // The package doc states what a worker guarantees and how it fails.
 type Worker struct {
 	id      feed.SinkID
@@ -71,6 +95,9 @@ type Worker struct {
 	// sinkTimeout is the deadline of a sink call under the lease held now,
 	// set at the start of each session; only the worker's goroutine uses it.
 	sinkTimeout time.Duration
+	// panicSites counts the sink's panics by the place in its code they came
+	// from; only the worker's goroutine uses it. See call.
+	panicSites map[string]int
 
 	mu    sync.Mutex
 	state State
@@ -137,8 +164,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("syncer: the worker of %v is already running", w.id)
 	}
 	defer w.running.Store(false)
-	defer w.update(func(s *State) { s.Phase = PhaseStopped; s.LeaseHeld = false; s.Holder = "" })
+	defer w.update(func(s *State) {
+		s.Phase = PhaseStopped
+		s.LeaseHeld, s.Holder = false, ""
+		s.WaitingFor, s.WaitingUntil = "", time.Time{}
+	})
 	failures := 0
+	var waiting *feed.LeaseHeldError // the refusal last logged in this standby; nil outside one
 	for ctx.Err() == nil {
 		w.setPhase(PhaseAcquiring)
 		// The lease lives until its context ends, and a store clears the row
@@ -157,7 +189,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			if errors.Is(err, feed.ErrLeaseHeld) {
 				failures = 0
-				w.setPhase(PhaseStandby)
+				waiting = w.standby(ctx, err, waiting)
 				w.sleep(ctx, jitter(w.opts.LeaseRetry, 0.5, 1.5))
 				continue
 			}
@@ -166,6 +198,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.backoff(ctx, failures)
 			continue
 		}
+		waiting = nil
 		progressed := w.session(ctx, lease)
 		w.release(ctx, lease)
 		cancel()
@@ -180,6 +213,33 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// standby records a refused take in the state and logs it when it is the
+// first of this standby or names another holder than the last one logged (a
+// store that says nothing of the holder logs once). It returns the refusal now
+// logged.
+func (w *Worker) standby(ctx context.Context, err error, logged *feed.LeaseHeldError) *feed.LeaseHeldError {
+	held := &feed.LeaseHeldError{ID: w.id}
+	errors.As(err, &held)
+	w.update(func(st *State) {
+		st.Phase = PhaseStandby
+		st.WaitingFor, st.WaitingUntil = held.Holder, held.ExpiresAt
+	})
+	if logged != nil && logged.Holder == held.Holder {
+		return logged
+	}
+	attrs := []any{"holder", string(held.Holder), "retry_every", w.opts.LeaseRetry}
+	switch {
+	case held.Holder == "":
+		attrs = append(attrs, "lapses", "unknown: the store did not name the holder")
+	case held.ExpiresAt.IsZero():
+		attrs = append(attrs, "lapses", "when the holder's session ends (an advisory lock)")
+	default:
+		attrs = append(attrs, "lapses_at", held.ExpiresAt)
+	}
+	w.log.Log(ctx, slog.LevelInfo, "feed lease held by another worker; waiting for it", attrs...)
+	return held
 }
 
 // release gives the lease up, even when ctx has ended: a worker shutting down
@@ -209,12 +269,26 @@ type session struct {
 	// end of the last batch it applied whose move is put off (see
 	// Options.MoveInterval). Zero when the cursor is where the sink stands.
 	applied feed.Cursor
+	// unmoved counts the records the sink took in the batches up to applied,
+	// for State.RecordsApplied once their move lands; zero with applied.
+	unmoved int64
 	movedAt time.Time // when this session's last move landed, on the worker's clock
 	parked  map[feed.Key]feed.Seq
 	ahead   *readAhead // the batch after the one being sent, read meanwhile; nil when none
 	// records is the record limit of the next read (see limit): BatchSize,
 	// or fewer while batches come back cut by bytes. 0 until the first read.
 	records int
+	prog    *progress // the resync or catch-up under way, for the log; nil when none
+}
+
+// progress is one resync's or catch-up's account, for the progress lines the
+// Worker's doc describes. Times are on the worker's clock.
+type progress struct {
+	what     string // "resync" or "catch-up"
+	began    time.Time
+	loggedAt time.Time // the last progress line, or began
+	rows     int64     // records the sink took in it
+	lines    int       // progress lines logged
 }
 
 // readAhead is the batch after seq after, read while the worker sends the
@@ -254,8 +328,12 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 		}
 	}()
 	w.sinkTimeout = w.sinkTimeoutFor(lease)
-	w.update(func(st *State) { st.LeaseHeld = true; st.Holder = lease.Holder() })
-	w.log.Debug("feed lease taken", "holder", string(lease.Holder()))
+	w.update(func(st *State) {
+		st.LeaseHeld, st.Holder = true, lease.Holder()
+		st.WaitingFor, st.WaitingUntil = "", time.Time{}
+	})
+	w.log.Info("feed lease taken", "holder", string(lease.Holder()))
+	w.recovered(ctx)
 	failures := 0
 	for ctx.Err() == nil {
 		idle, err := s.step(ctx)
@@ -263,6 +341,7 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 		case err == nil:
 			failures = 0
 			progressed = true
+			w.recovered(ctx)
 			if idle {
 				s.wait(ctx)
 			}
@@ -315,7 +394,7 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		s.cursor, s.applied = cursor, feed.Cursor{}
+		s.cursor, s.applied, s.unmoved = cursor, feed.Cursor{}, 0
 		s.parked = make(map[feed.Key]feed.Seq, len(parked))
 		for _, p := range parked {
 			s.parked[p.Key] = p.Seq
@@ -332,7 +411,7 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 	}
 	switch {
 	case batch.Generation > s.cursor.Generation:
-		s.applied = feed.Cursor{} // the resync's move replaces everything
+		s.applied, s.unmoved = feed.Cursor{}, 0 // the resync's move replaces everything
 		return false, s.resync(ctx)
 	case batch.Generation < s.cursor.Generation:
 		return false, fmt.Errorf("the sink's cursor %v is of a generation the feed (at generation %d) has not reached", s.cursor, batch.Generation)
@@ -341,6 +420,7 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 		if err := s.flush(ctx); err != nil {
 			return false, err
 		}
+		s.endCatchUp()
 		w.update(func(st *State) { st.Head = batch.Head; st.Lag = 0; st.Phase = PhaseIdle })
 		return true, nil
 	}
@@ -424,6 +504,7 @@ func (s *session) dropAhead() *readAhead {
 func (s *session) send(ctx context.Context, batch feed.Batch) error {
 	w := s.w
 	w.setPhase(PhaseSending)
+	began := w.opts.Clock.Now()
 	if err := s.lease.EnsureHeld(ctx); err != nil {
 		return err
 	}
@@ -449,6 +530,7 @@ func (s *session) send(ctx context.Context, batch feed.Batch) error {
 		}
 	}
 	next := feed.Cursor{Generation: batch.Generation, Seq: batch.Records[len(batch.Records)-1].Seq}
+	taken := int64(len(batch.Records) - len(change.Park))
 	full := batch.More // catching up: more follows at once
 	lag := int64(0)
 	if full {
@@ -458,12 +540,15 @@ func (s *session) send(ctx context.Context, batch feed.Batch) error {
 		// Catching up, with nothing to park or unpark, and the cursor moved
 		// a moment ago: put this move off (Options.MoveInterval).
 		s.applied = next
+		s.unmoved += taken
 		w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag })
+		s.caughtUpTo(ctx, began, taken, lag, full)
 		return nil
 	}
-	if err := s.move(ctx, next, change); err != nil {
+	if err := s.move(ctx, next, change, taken); err != nil {
 		return err
 	}
+	s.caughtUpTo(ctx, began, taken, lag, full)
 	for _, k := range change.Unpark {
 		delete(s.parked, k)
 	}
@@ -488,7 +573,7 @@ func (s *session) flush(ctx context.Context) error {
 	if s.applied.IsZero() {
 		return nil
 	}
-	return s.move(ctx, s.applied, feed.ParkChange{})
+	return s.move(ctx, s.applied, feed.ParkChange{}, 0)
 }
 
 // tryFlush lands the move put off, if one is, where failing to is no fault
@@ -500,8 +585,10 @@ func (s *session) tryFlush(ctx context.Context) {
 }
 
 // move makes the fenced cursor move from where the store has it to next,
-// past any batches whose move was put off, and records it.
-func (s *session) move(ctx context.Context, next feed.Cursor, change feed.ParkChange) error {
+// past any batches whose move was put off, and records it. taken is the
+// number of records the sink took between the batches put off and next, for
+// State.RecordsApplied.
+func (s *session) move(ctx context.Context, next feed.Cursor, change feed.ParkChange, taken int64) error {
 	w := s.w
 	err := w.store.CASCursor(ctx, feed.CursorMove{
 		ID:       w.id,
@@ -513,11 +600,64 @@ func (s *session) move(ctx context.Context, next feed.Cursor, change feed.ParkCh
 	if err != nil {
 		return err
 	}
-	s.cursor, s.applied = next, feed.Cursor{}
+	applied := s.unmoved + taken
+	s.cursor, s.applied, s.unmoved = next, feed.Cursor{}, 0
 	now := w.opts.Clock.Now()
 	s.movedAt = now
-	w.update(func(st *State) { st.Cursor = next; st.LastAdvance = now })
+	w.update(func(st *State) { st.Cursor = next; st.LastAdvance = now; st.RecordsApplied += applied })
 	return nil
+}
+
+// caughtUpTo keeps the account of a catch-up: a full batch begins one (at
+// began, when the batch's send began), each batch adds the taken records the
+// sink took, and the first batch that is not full ends it.
+func (s *session) caughtUpTo(ctx context.Context, began time.Time, taken, lag int64, full bool) {
+	if s.prog == nil && full {
+		s.prog = &progress{what: "catch-up", began: began, loggedAt: began}
+	}
+	if s.prog == nil {
+		return
+	}
+	s.prog.rows += taken
+	if full {
+		s.logProgress(ctx, lag)
+	} else {
+		s.endCatchUp()
+	}
+}
+
+// logProgress logs the progress line of the resync or catch-up under way,
+// when Options.ProgressInterval has passed since the last; lag is how many
+// seqs at most are left.
+func (s *session) logProgress(ctx context.Context, lag int64) {
+	p, w := s.prog, s.w
+	now := w.opts.Clock.Now()
+	if now.Sub(p.loggedAt) < w.opts.ProgressInterval {
+		return
+	}
+	p.loggedAt = now
+	p.lines++
+	took := now.Sub(p.began)
+	attrs := []any{"rows", p.rows, "elapsed", took.Round(time.Millisecond), "left_at_most", lag}
+	if rate := float64(p.rows) / took.Seconds(); rate > 0 {
+		attrs = append(attrs, "rows_per_second", int64(rate), "eta", time.Duration(float64(lag)/rate*float64(time.Second)).Round(time.Second))
+	}
+	w.log.Log(ctx, slog.LevelInfo, "feed "+p.what+" progress", attrs...)
+}
+
+// endCatchUp closes the catch-up under way, if any, with a line when it was
+// long enough to log its progress.
+func (s *session) endCatchUp() {
+	p := s.prog
+	if p == nil || p.what != "catch-up" {
+		return
+	}
+	s.prog = nil
+	if p.lines == 0 {
+		return
+	}
+	took := s.w.opts.Clock.Now().Sub(p.began)
+	s.w.log.Info("feed catch-up done", "rows", p.rows, "took", took.Round(time.Millisecond))
 }
 
 // refusals matches the sink's rejections to the records it was sent and makes
@@ -569,8 +709,12 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		published bool
 		after     feed.Seq
 		refused   = map[feed.Key]feed.ParkedRecord{}
+		taken     int64 // records the target took, for State.RecordsApplied
 	)
+	now := w.opts.Clock.Now()
+	s.prog = &progress{what: "resync", began: now, loggedAt: now}
 	defer func() {
+		s.prog = nil
 		if target != nil && !published {
 			s.abort(ctx, target)
 		}
@@ -630,9 +774,12 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 				}
 			}
 			after = batch.Records[n-1].Seq
+			taken += int64(n - len(r))
+			s.prog.rows += int64(n - len(r))
 		}
 		lag := int64(batch.Head - after)
 		w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag })
+		s.logProgress(ctx, lag)
 		if !batch.More {
 			break // nothing above the last seq read in this batch's snapshot
 		}
@@ -657,7 +804,7 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		}
 		return 0
 	})
-	if err := s.move(ctx, feed.Cursor{Generation: gen, Seq: after}, feed.ParkChange{Replace: true, Park: park}); err != nil {
+	if err := s.move(ctx, feed.Cursor{Generation: gen, Seq: after}, feed.ParkChange{Replace: true, Park: park}, taken); err != nil {
 		// A rebuild between the last read and the move: the copy just
 		// published is of a generation gone, so resync again, under the
 		// same lease (the store refused the move and changed nothing).
@@ -672,7 +819,8 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		s.parked[p.Key] = p.Seq
 	}
 	w.update(func(st *State) { st.Lag = 0; st.Parked = len(park); st.Resyncs++ })
-	w.log.Info("feed resync published", "generation", int64(gen), "seq", int64(after), "parked", len(park))
+	w.log.Info("feed resync published", "generation", int64(gen), "seq", int64(after), "parked", len(park),
+		"rows", taken, "took", w.opts.Clock.Now().Sub(s.prog.began).Round(time.Millisecond))
 	return nil
 }
 
@@ -713,7 +861,7 @@ func (w *Worker) call(ctx context.Context, op string, f func(context.Context) er
 	defer cancel()
 	defer func() {
 		if r := recover(); r != nil {
-			w.log.Error("sink panicked", "op", op, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			w.logPanic(ctx, op, r)
 			err = &SinkError{ID: w.id, Op: op, Err: fmt.Errorf("panic: %v", r)}
 		}
 	}()
@@ -724,6 +872,53 @@ func (w *Worker) call(ctx context.Context, op string, f func(context.Context) er
 		return &SinkError{ID: w.id, Op: op, Err: err}
 	}
 	return nil
+}
+
+// maxPanicSites bounds the panic sites a worker remembers; a panic at a site
+// past them is logged with its count only, as if seen before.
+const maxPanicSites = 64
+
+// logPanic logs the sink's panic r; call it from the deferred function that
+// recovered it. The first panic at a site (the function and line that
+// panicked, past the runtime's own frames) is logged with its stack; a later
+// one there, with how many times it happened, in one line.
+func (w *Worker) logPanic(ctx context.Context, op string, r any) {
+	site := panicSite()
+	if w.panicSites == nil {
+		w.panicSites = make(map[string]int)
+	}
+	n, seen := w.panicSites[site]
+	switch {
+	case !seen && len(w.panicSites) >= maxPanicSites:
+		w.log.Log(ctx, slog.LevelError, "sink panicked; too many places panicked to log each one's stack", "op", op, "panic", fmt.Sprint(r), "site", site)
+	case !seen:
+		w.panicSites[site] = 1
+		w.log.Log(ctx, slog.LevelError, "sink panicked", "op", op, "panic", fmt.Sprint(r), "site", site, "stack", string(debug.Stack()))
+	default:
+		w.panicSites[site] = n + 1
+		w.log.Log(ctx, slog.LevelError, "sink panicked again where it panicked before; its stack was logged then", "op", op, "panic", fmt.Sprint(r), "site", site, "count", n+1)
+	}
+}
+
+// panicSite names the place a panic being recovered came from: the first
+// frame past runtime.gopanic that is not the runtime's (a nil map write
+// panics inside the runtime, on behalf of the code that wrote). It must run
+// inside the deferred function that recovers, where that frame is still on
+// the stack.
+func panicSite() string {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs)])
+	past := false
+	for {
+		f, more := frames.Next()
+		if past && !strings.HasPrefix(f.Function, "runtime.") {
+			return fmt.Sprintf("%s:%d", f.Function, f.Line)
+		}
+		past = past || f.Function == "runtime.gopanic"
+		if !more {
+			return "unknown"
+		}
+	}
 }
 
 // wait blocks until a wake-up, the poll interval, or the end of ctx.
@@ -746,12 +941,28 @@ func (s *session) wait(ctx context.Context) {
 // so it is logged as an error.
 func (w *Worker) fault(ctx context.Context, err error) {
 	now := w.opts.Clock.Now()
-	w.update(func(st *State) { st.LastError = err; st.LastErrorAt = now })
+	w.update(func(st *State) { st.LastError, st.LastErrorAt, st.RecoveredAt = err, now, time.Time{} })
 	level := slog.LevelWarn
 	if errors.Is(err, feed.ErrInvalid) {
 		level = slog.LevelError
 	}
 	w.log.Log(ctx, level, "feed sync fault", "error", err)
+}
+
+// recovered marks the last fault recovered from, and logs it, the first time
+// the worker gets something done after it; see State.RecoveredAt.
+func (w *Worker) recovered(ctx context.Context) {
+	now := w.opts.Clock.Now()
+	var last error
+	var at time.Time
+	w.update(func(st *State) {
+		if st.LastError != nil && st.RecoveredAt.IsZero() {
+			st.RecoveredAt, last, at = now, st.LastError, st.LastErrorAt
+		}
+	})
+	if last != nil {
+		w.log.Log(ctx, slog.LevelInfo, "feed sync recovered", "last_error", last, "last_error_at", at)
+	}
 }
 
 // backoff waits after the failures-th fault in a row: BackoffMin doubled per

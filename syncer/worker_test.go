@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -134,7 +135,7 @@ func TestInitialResync(t *testing.T) {
 		if !st.LeaseHeld || st.Holder != spy.holder(w.id) || st.Holder == "" {
 			t.Errorf("state lease %v %q, want held by %q", st.LeaseHeld, st.Holder, spy.holder(w.id))
 		}
-		if st.Cursor != e.cursor(w.id) || st.RecordsSent != 250 || st.Resyncs != 1 || st.Lag != 0 || st.Head != last.Head || st.LastAdvance.IsZero() || st.LastError != nil {
+		if st.Cursor != e.cursor(w.id) || st.RecordsSent != 250 || st.RecordsApplied != 250 || st.Resyncs != 1 || st.Lag != 0 || st.Head != last.Head || st.LastAdvance.IsZero() || st.LastError != nil {
 			t.Errorf("state %+v", st)
 		}
 	})
@@ -192,6 +193,11 @@ func TestParkUnparkRetry(t *testing.T) {
 		}
 		if _, ok := w.docs()["k2"]; ok {
 			t.Fatal("the refused k2 is in the sink")
+		}
+		// Sent, the three; applied, the two the sink took.
+		e.eventually("the resync counted", e.limit(), func() bool { return run.r.States()[0].Resyncs == 1 })
+		if st := run.r.States()[0]; st.RecordsSent != 3 || st.RecordsApplied != 2 {
+			t.Fatalf("RecordsSent %d, RecordsApplied %d after a resync of 3 records with one refused; want 3 and 2", st.RecordsSent, st.RecordsApplied)
 		}
 
 		// Refused in an incremental batch.
@@ -255,7 +261,12 @@ func TestRejectionReasonCleaned(t *testing.T) {
 // TestResyncUnderWrites changes the feed while a resync streams it, keys
 // behind and ahead of the stream alike, and checks the fresh copy against the
 // feed's live documents at the moment of the publish, before any incremental
-// batch could make up for a gap.
+// batch could make up for a gap, and before the cursor moved.
+//
+// The hook runs on the worker's goroutine and only records what it finds; the
+// test goroutine reads the record and fails without holding the hook's lock,
+// so that a failing check cannot leave the worker waiting for it in a sink
+// call and the runner's shutdown waiting for the worker.
 func TestResyncUnderWrites(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		for i := range 400 {
@@ -264,8 +275,8 @@ func TestResyncUnderWrites(t *testing.T) {
 		w := newWorld(e, "search")
 		var applies atomic.Int32
 		var mu sync.Mutex
-		var publishErr string
-		published := false
+		var publishErrs []string
+		publishes := 0
 		w.setHook(func(ctx context.Context, c *call) error {
 			switch c.Op {
 			case "target-apply":
@@ -279,7 +290,7 @@ func TestResyncUnderWrites(t *testing.T) {
 				if behind < 0 {
 					behind = 5
 				}
-				e.write(
+				e.hookWrite(
 					feed.Put(key(behind), doc(`{"v":%d}`, n)),
 					feed.Delete(key(behind+1)),
 					feed.Put(key(ahead), doc(`{"v":%d}`, n)),
@@ -287,29 +298,44 @@ func TestResyncUnderWrites(t *testing.T) {
 					feed.Put(key(1000+n), doc(`{"new":%d}`, n)),
 				)
 			case "publish":
-				mu.Lock()
-				defer mu.Unlock()
-				published = true
-				want, _ := e.liveDocs()
+				var errs []string
+				if cur := e.hookCursor(w.id); !cur.IsZero() {
+					errs = append(errs, fmt.Sprintf("the cursor is already %v: it must move only once the copy is published", cur))
+				}
+				want, _, err := e.readLive()
+				if err != nil {
+					errs = append(errs, fmt.Sprintf("reading the feed: %v", err))
+				}
 				got := c.target.docs()
 				if len(got) != len(want) {
-					publishErr = fmt.Sprintf("target has %d keys at publish, feed %d", len(got), len(want))
+					errs = append(errs, fmt.Sprintf("the target has %d keys, the feed %d", len(got), len(want)))
 				}
-				for k, v := range want {
-					if !feedtest.JSONEqual(got[k], v) {
-						publishErr = fmt.Sprintf("at publish, %q is %s in the target and %s in the feed", k, got[k], v)
+				for _, k := range slices.Sorted(maps.Keys(want)) {
+					if !feedtest.JSONEqual(got[k], want[k]) {
+						errs = append(errs, fmt.Sprintf("%q is %s in the target and %s in the feed", k, got[k], want[k]))
+						break
 					}
 				}
+				mu.Lock()
+				publishes++
+				publishErrs = append(publishErrs, errs...)
+				mu.Unlock()
 			}
 			return nil
 		})
 		one(t, e, w, "A", testOptions(t, e))
 		e.waitCaughtUp(w.id)
+		e.eventually("the publish checked", e.limit(), func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return publishes > 0
+		})
 		mu.Lock()
-		if !published || publishErr != "" {
-			t.Fatalf("published %v: %s", published, publishErr)
-		}
+		n, errs := publishes, slices.Clone(publishErrs)
 		mu.Unlock()
+		if n != 1 || len(errs) > 0 {
+			t.Fatalf("%d publishes (want 1); found at publish: %v", n, errs)
+		}
 		for _, c := range w.log() {
 			if c.Op == "apply" {
 				t.Fatalf("an incremental apply followed the resync: the resync's cursor stopped short")
@@ -339,9 +365,9 @@ func TestGenerationMoves(t *testing.T) {
 			// follows: the copy would then be exact for generation 1 and
 			// published, and generation 2 resynced after it.)
 			if c.Op == "target-apply" && c.Gen == 1 && applies.Add(1) == 1 {
-				e.rebuild()
+				e.hookRebuild()
 				for i := range 120 {
-					e.write(feed.Put(key(5000+i), doc(`{"g":2}`)))
+					e.hookWrite(feed.Put(key(5000+i), doc(`{"g":2}`)))
 				}
 			}
 			return nil
@@ -418,7 +444,7 @@ func TestResyncRefusalSuperseded(t *testing.T) {
 		var once atomic.Bool
 		w.setHook(func(ctx context.Context, c *call) error {
 			if c.Op == "target-apply" && once.CompareAndSwap(false, true) {
-				e.write(feed.Put("k0", doc(`{"good":true}`)))
+				e.hookWrite(feed.Put("k0", doc(`{"good":true}`)))
 			}
 			return nil
 		})
@@ -428,6 +454,36 @@ func TestResyncRefusalSuperseded(t *testing.T) {
 			t.Fatalf("parked %+v: the refused version was superseded by an accepted one", p)
 		}
 		want, _ := e.liveDocs()
+		sameDocs(t, "sink", w.docs(), want)
+	})
+}
+
+// TestResyncReplacesParked parks a key, then rebuilds the feed without it
+// refused: the resync's move replaces the parked list with what the new copy
+// refused, so nothing of the old generation stays parked.
+func TestResyncReplacesParked(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "index")
+		w.setReject(func(r feed.Record) string {
+			if strings.Contains(string(r.Doc), "bad") {
+				return "bad"
+			}
+			return ""
+		})
+		e.write(feed.Put("gone", doc(`{"bad":1}`)), feed.Put("fixed", doc(`{"bad":1}`)), feed.Put("ok", doc(`{}`)))
+		one(t, e, w, "A", testOptions(t, e))
+		e.waitCaughtUp(w.id)
+		if p := e.parked(w.id); len(p) != 2 {
+			t.Fatalf("parked %+v, want gone and fixed", p)
+		}
+		e.rebuild()
+		e.write(feed.Put("fixed", doc(`{}`)), feed.Put("new", doc(`{"bad":2}`)))
+		e.waitCaughtUp(w.id)
+		if p := e.parked(w.id); len(p) != 1 || p[0].Key != "new" {
+			t.Fatalf("parked after the rebuild's resync %+v, want only new", p)
+		}
+		want, _ := e.liveDocs()
+		delete(want, "new")
 		sameDocs(t, "sink", w.docs(), want)
 	})
 }

@@ -87,6 +87,22 @@ func (e *env) fill(n int) {
 	}
 }
 
+// wantLeaseHeldBy is wantLeaseHeld that also wants the refusal to name the
+// holder and expiry the store records.
+func (e *env) wantLeaseHeldBy(what string, id feed.SinkID, holder feed.LeaseHolder, expires time.Time) {
+	e.t.Helper()
+	l, err := e.h.Store.AcquireLease(e.ctx, id)
+	if err == nil {
+		_ = l.Release(context.Background())
+		e.t.Errorf("%s: a rival took the lease of %s; want a LeaseHeldError", what, id)
+		return
+	}
+	var held *feed.LeaseHeldError
+	if !errors.As(err, &held) || held.ID != id || held.Holder != holder || !held.ExpiresAt.Equal(expires) {
+		e.t.Errorf("%s: AcquireLease(%s) = %v; want a *feed.LeaseHeldError naming holder %s expiring at %v", what, id, err, holder, expires)
+	}
+}
+
 func (e *env) cas(m feed.CursorMove) {
 	e.t.Helper()
 	if err := e.h.Store.CASCursor(e.ctx, m); err != nil {
@@ -210,14 +226,15 @@ func (e *env) wantRows(what string, want ...feed.Record) {
 
 func syncLeaseHeld(t *testing.T, e *env) {
 	id := e.sink("s")
+	taken := e.clock.Now()
 	a := e.acquire(id)
 	if a.ID() != id || a.Holder() == "" {
 		t.Errorf("lease ID %v holder %q; want %v and a holder", a.ID(), a.Holder(), id)
 	}
 	e.wantHeld("a fresh lease", a)
-	e.wantLeaseHeld("a rival while the lease is held", id)
+	e.wantLeaseHeldBy("a rival while the lease is held", id, a.Holder(), taken.Add(SuiteLease.TTL))
 	e.clock.Skip(SuiteLease.TTL / 2)
-	e.wantLeaseHeld("a rival halfway through the ttl", id)
+	e.wantLeaseHeldBy("a rival halfway through the ttl", id, a.Holder(), taken.Add(SuiteLease.TTL))
 	// Another sink of the same feed, and the same sink of another feed, are
 	// leases of their own.
 	e.acquire(e.sink("other"))
@@ -332,7 +349,7 @@ func syncHeartbeat(t *testing.T, e *env) {
 	}
 	now := e.clock.Now()
 	e.wantHeld("after heartbeats past twice the ttl", a)
-	e.wantLeaseHeld("a rival after heartbeats past twice the ttl", id)
+	e.wantLeaseHeldBy("a rival after heartbeats past twice the ttl", id, a.Holder(), now.Add(SuiteLease.TTL))
 	d := e.describe(e.feed)
 	if len(d.Sinks) != 1 || d.Sinks[0].Lease == nil || d.Sinks[0].Lease.Holder != a.Holder() || !d.Sinks[0].Lease.ExpiresAt.Equal(now.Add(SuiteLease.TTL)) {
 		t.Errorf("Describe after renewals: %+v; want holder %s expiring at the last renewal + ttl (%v)", d.Sinks, a.Holder(), now.Add(SuiteLease.TTL))

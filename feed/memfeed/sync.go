@@ -34,8 +34,9 @@ func (s *Store) AcquireLease(ctx context.Context, id feed.SinkID) (feed.Lease, e
 	}
 	now := s.clock.Now()
 	if st.live(now) && !s.faults.leaseTakesLive {
+		held := &feed.LeaseHeldError{ID: id, Holder: st.holder, ExpiresAt: st.expires}
 		s.mu.Unlock()
-		return nil, &feed.LeaseHeldError{ID: id}
+		return nil, held
 	}
 	holder := newHolder()
 	st.holder, st.expires = holder, now.Add(s.lease.TTL)
