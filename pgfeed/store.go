@@ -33,6 +33,8 @@ type Store struct {
 	listener *listener
 	closed   bool
 	listen   func(ctx context.Context) (*pgx.Conn, error)
+	// listenTimeout is Options.ListenTimeout, resolved.
+	listenTimeout time.Duration
 }
 
 var (
@@ -57,6 +59,12 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	switch {
+	case opts.ListenTimeout < 0:
+		return nil, feed.Invalid("options.listen_timeout", "is %v; durations must be positive", opts.ListenTimeout)
+	case opts.ListenTimeout == 0:
+		opts.ListenTimeout = DefaultListenTimeout
+	}
 	if opts.Clock == nil {
 		opts.Clock = feed.SystemClock{}
 	}
@@ -73,6 +81,8 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 		logger:   opts.Logger,
 		advisory: opts.AdvisoryLock,
 		listen:   opts.Listen,
+
+		listenTimeout: opts.ListenTimeout,
 	}
 	if s.advisory != nil {
 		if err := checkSessionPool(ctx, s.advisory); err != nil {
