@@ -43,6 +43,7 @@ func RunSyncStore(t *testing.T, newStore NewStore) {
 	run("CollectKeepsParked", syncCollectKeepsParked)
 	run("RemoveSink", syncRemoveSink)
 	run("Describe", syncDescribe)
+	run("DescribeUnknown", syncDescribeUnknown)
 	run("BadInput", syncBadInput)
 }
 
@@ -562,9 +563,7 @@ func syncRemoveSink(t *testing.T, e *env) {
 	if ok, err := e.h.Store.RemoveSink(e.ctx, id); err != nil || !ok {
 		t.Errorf("RemoveSink after Release = %v, %v; want true", ok, err)
 	}
-	if d := e.describe(e.feed); len(d.Sinks) != 0 {
-		t.Errorf("after RemoveSink, Describe lists %+v; want no sink", d.Sinks)
-	}
+	e.wantUnknown("after RemoveSink of the one sink of a feed never written", e.feed)
 	e.wantCursor("after RemoveSink", id, feed.Cursor{})
 	e.wantParked("after RemoveSink", id)
 	if ok, err := e.h.Store.RemoveSink(e.ctx, id); err != nil || ok {
@@ -626,10 +625,64 @@ func syncDescribe(t *testing.T, e *env) {
 	if diff := sameParked(s.Parked, []feed.ParkedRecord{pc}); diff != "" {
 		t.Errorf("zeta's parked list: %s", diff)
 	}
+}
 
-	other := e.describe(uniqueFeed(t))
-	if other.Generation != 1 || other.Head != 0 || len(other.Sinks) != 0 {
-		t.Errorf("Describe of a never-written feed = %+v; want generation 1, head 0, no sink", other)
+// wantUnknown fails t unless Describe(f) is refused with a
+// *feed.UnknownFeedError for f.
+func (e *env) wantUnknown(what string, f feed.FeedName) {
+	e.t.Helper()
+	d, err := e.h.Store.Describe(e.ctx, f)
+	var unknown *feed.UnknownFeedError
+	if !errors.Is(err, feed.ErrUnknownFeed) || !errors.As(err, &unknown) || unknown.Feed != f {
+		e.t.Errorf("%s: Describe(%s) = %+v, %v; want a *feed.UnknownFeedError for it", what, f, d, err)
+	}
+}
+
+func syncDescribeUnknown(t *testing.T, e *env) {
+	e.wantUnknown("a feed never touched", e.feed)
+	// Reading a feed, or asking about a sink of it, does not make it known.
+	e.readAll(e.feed, 0)
+	e.head(e.feed)
+	e.cursor(e.sink("s"))
+	e.parked(e.sink("s"))
+	if ok, err := e.h.Store.RetryParked(e.ctx, e.sink("s"), "k"); err != nil || ok {
+		t.Fatalf("RetryParked on a feed never touched = %v, %v; want false", ok, err)
+	}
+	if n, err := e.h.Store.CollectTombstones(e.ctx, e.feed); err != nil || n != 0 {
+		t.Fatalf("CollectTombstones on a feed never touched = %d, %v; want 0", n, err)
+	}
+	e.wantUnknown("a feed only read", e.feed)
+
+	// A registered sink makes a feed never written known, at generation 1
+	// and head 0; removing it makes the feed unknown again.
+	id := e.sink("s")
+	l := e.acquire(id)
+	d := e.describe(e.feed)
+	if d.Feed != e.feed || d.Generation != 1 || d.Head != 0 || len(d.Sinks) != 1 || d.Sinks[0].Sink != id.Sink {
+		t.Errorf("Describe of a feed never written with one registered sink = %+v; want generation 1, head 0, sink %s", d, id.Sink)
+	}
+	if err := l.Release(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.h.Store.RemoveSink(e.ctx, id); err != nil || !ok {
+		t.Fatalf("RemoveSink = %v, %v; want true", ok, err)
+	}
+	e.wantUnknown("a feed never written whose one sink was removed", e.feed)
+
+	// A write, or a rebuild alone, records the feed for good.
+	written := uniqueFeed(t)
+	e.write(written, feed.Put("a", doc(`1`)))
+	if d := e.describe(written); d.Head != 1 || len(d.Sinks) != 0 {
+		t.Errorf("Describe of a written feed with no sink = %+v; want head 1, no sink", d)
+	}
+	if e.h.Rebuild != nil {
+		rebuilt := uniqueFeed(t)
+		if _, err := e.h.Rebuild(e.ctx, rebuilt); err != nil {
+			t.Fatalf("Rebuild: %v", err)
+		}
+		if d := e.describe(rebuilt); d.Generation != 2 || d.Head != 0 || len(d.Sinks) != 0 {
+			t.Errorf("Describe of a feed only rebuilt = %+v; want generation 2, head 0, no sink", d)
+		}
 	}
 }
 
@@ -665,9 +718,7 @@ func syncBadInput(t *testing.T, e *env) {
 		_, err = st.Describe(e.ctx, feed.FeedName(bad))
 		wantInvalid(t, "Describe of a feed name "+name, err, "feed name")
 	}
-	if d := e.describe(e.feed); len(d.Sinks) != 0 {
-		t.Errorf("refused calls registered sinks: %+v", d.Sinks)
-	}
+	e.wantUnknown("after refused calls, which must register no sink", e.feed)
 
 	id := e.sink("s")
 	l := e.acquire(id)
