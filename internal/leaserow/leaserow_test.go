@@ -298,3 +298,24 @@ func TestFirstTickArmedByStart(t *testing.T) {
 	clock.Skip(timings.Usable())
 	wantHeld(t, l, false)
 }
+
+// A renewal that lands late restarts the age from when it STARTED, not from
+// when it landed: the expiry it wrote was stamped at its start (plus ttl),
+// so that is when a rival may take the row again, however slowly the answer
+// came back.
+func TestSlowRenewalCountsFromItsStart(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	slow := o.Heartbeat / 2
+	r.then(func(context.Context) (bool, error) {
+		clock.Skip(slow) // the answer comes back half a heartbeat later
+		return true, nil
+	})
+	tick(t, clock, r, o.Heartbeat)
+	started := t0.Add(o.Heartbeat)
+	clock.Skip(started.Add(o.Usable() - time.Nanosecond).Sub(clock.Now()))
+	wantHeld(t, l, true)
+	clock.Skip(time.Nanosecond)
+	wantHeld(t, l, false) // ttl − margin after the renewal started, though it landed later
+}
