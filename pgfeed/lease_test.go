@@ -299,7 +299,9 @@ func terminate(t *testing.T, pool *pgxpool.Pool, app string) {
 // EnsureHeld fail and lets a rival of either kind take over; the crashed
 // holder's record on the row does not block lease-row workers; a live lease
 // row refuses an advisory worker and the reverse; RemoveSink is refused
-// while the session lives.
+// while the session lives and allowed once it crashed; a free row is taken
+// even while some session holds the sink's lock; and a claim records the
+// holder only from a session that holds the lock.
 func TestAdvisoryLease(t *testing.T) {
 	t.Parallel()
 	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
@@ -368,6 +370,70 @@ func TestAdvisoryLease(t *testing.T) {
 		wantErr(t, "EnsureHeld after Release", b.EnsureHeld(ctx), feed.ErrLeaseLost)
 		if ok, err := row.RemoveSink(ctx, id); err != nil || !ok {
 			t.Fatalf("RemoveSink after the advisory holder released = %v, %v", ok, err)
+		}
+	})
+
+	t.Run("crashed advisory holder does not block RemoveSink", func(t *testing.T) {
+		// Its record has no expiry, so only the sink's advisory lock, free
+		// once the session is gone, tells it is dead.
+		id := feed.SinkID{Feed: "adv", Sink: "crashed-removed"}
+		mustAcquire(t, advA, ctx, id)
+		terminate(t, d.pool, appA)
+		if ok, err := row.RemoveSink(ctx, id); err != nil || !ok {
+			t.Fatalf("RemoveSink of a sink whose advisory holder crashed = %v, %v; want true", ok, err)
+		}
+	})
+
+	t.Run("free row taken while the advisory lock is held", func(t *testing.T) {
+		// An advisory worker that has the sink's lock but has not recorded
+		// itself yet (or has cleared itself and not unlocked yet) holds no
+		// lease: the row is free, and a lease-row take must get it.
+		id := feed.SinkID{Feed: "adv", Sink: "between"}
+		conn, err := d.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		for _, registered := range []bool{false, true} {
+			var locked bool
+			if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, pgfeed.SinkLockKey(row, id)).Scan(&locked); err != nil || !locked {
+				t.Fatalf("taking the sink's advisory lock = %v, %v", locked, err)
+			}
+			r, err := row.AcquireLease(ctx, id)
+			if err != nil {
+				t.Fatalf("a lease-row take of a free row (registered %v) while the advisory lock is held = %v; want it taken", registered, err)
+			}
+			if err := r.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, pgfeed.SinkLockKey(row, id)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("claim only from the session that holds the lock", func(t *testing.T) {
+		// The holder is recorded from the lock's own session and only while
+		// it holds the lock: a session that lost it (or never had it, as
+		// behind a pooler that handed the statement to another one) records
+		// nothing.
+		id := feed.SinkID{Feed: "adv", Sink: "claim"}
+		conn, err := d.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if ok, err := pgfeed.ClaimAdvisory(ctx, advA, conn.Conn(), id, "pg-advisory:nolock"); err != nil || ok {
+			t.Fatalf("a claim from a session without the lock = %v, %v; want nothing recorded", ok, err)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, pgfeed.SinkLockKey(advA, id)); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, pgfeed.SinkLockKey(advA, id))
+		}()
+		if ok, err := pgfeed.ClaimAdvisory(ctx, advA, conn.Conn(), id, "pg-advisory:locked"); err != nil || !ok {
+			t.Fatalf("a claim from the session that holds the lock = %v, %v; want it recorded", ok, err)
 		}
 	})
 
