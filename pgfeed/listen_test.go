@@ -3,6 +3,7 @@ package pgfeed_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,5 +73,53 @@ func TestSubscribeWhileListenerDown(t *testing.T) {
 	case <-sub.C():
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up within 10s of a commit once the listener is back")
+	}
+}
+
+// TestListenFirstThenSignal: when the listener's session comes back, it
+// LISTENs first and only then signals every subscription, so a worker that
+// reads on that signal and then waits is woken by any commit after its
+// read. The session runs over a slow link here (every client message reaches
+// the server 300ms late), so a listener that signalled before its LISTEN was
+// in place would let the commit made right after the signal go unnotified.
+func TestListenFirstThenSignal(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	u, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newStallProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	app := "kairos-slowlisten-" + d.schema
+	s := newStore(t, d, pgfeed.Options{Listen: func(ctx context.Context) (*pgx.Conn, error) {
+		cfg, err := pgx.ParseConfig(u.String())
+		if err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["application_name"] = app
+		return pgx.ConnectConfig(ctx, cfg)
+	}})
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	sub, err := s.Subscribe(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	proxy.setDelay(300 * time.Millisecond)
+	terminate(t, d.pool, app)
+	select { // the session is back
+	case <-sub.C():
+	case <-time.After(20 * time.Second):
+		t.Fatal("no signal within 20s of the listener's session being terminated")
+	}
+	if _, err := s.WriteCommitted(ctx, "f", []feed.Change{feed.Put("k", []byte(`{}`))}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a commit right after the listener's reconnect signal woke nobody within 5s")
 	}
 }
