@@ -123,3 +123,34 @@ func TestListenFirstThenSignal(t *testing.T) {
 		t.Fatal("a commit right after the listener's reconnect signal woke nobody within 5s")
 	}
 }
+
+// TestRebuildWakes: a rebuild is a change of the feed like a write, and its
+// commit wakes the feed's subscribers, so an idle worker starts its resync at
+// once rather than on its next poll.
+func TestRebuildWakes(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s := newStore(t, d, pgfeed.Options{})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := s.WriteCommitted(ctx, "f", []feed.Change{feed.Put("k", []byte(`{}`))}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := s.Subscribe(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	select {
+	case <-sub.C():
+	default:
+	}
+	if err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { _, err := s.ResetTx(ctx, tx, "f"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up within 10s of a rebuild's commit")
+	}
+}
