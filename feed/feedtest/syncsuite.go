@@ -33,6 +33,7 @@ func RunSyncStore(t *testing.T, newStore NewStore) {
 	run("ExpiryAndFencing", syncExpiryAndFencing)
 	run("EnsureHeldMargin", syncEnsureHeldMargin)
 	run("HeartbeatKeepsLease", syncHeartbeat)
+	run("RenewalAfterTakeover", syncRenewalAfterTakeover)
 	run("CASFromZero", syncCASFromZero)
 	run("CASExpectedMismatch", syncCASExpectedMismatch)
 	run("CASWrongHolder", syncCASWrongHolder)
@@ -325,6 +326,36 @@ func syncHeartbeat(t *testing.T, e *env) {
 	d := e.describe(e.feed)
 	if len(d.Sinks) != 1 || d.Sinks[0].Lease == nil || d.Sinks[0].Lease.Holder != a.Holder() || !d.Sinks[0].Lease.ExpiresAt.Equal(now.Add(SuiteLease.TTL)) {
 		t.Errorf("Describe after renewals: %+v; want holder %s expiring at the last renewal + ttl (%v)", d.Sinks, a.Holder(), now.Add(SuiteLease.TTL))
+	}
+}
+
+// syncRenewalAfterTakeover: a holder frozen past its ttl loses the row to a
+// rival; when its heartbeat wakes and renews, the renewal must find the row
+// naming someone else and lose the lease, not extend the rival's expiry and
+// carry on as a second holder.
+func syncRenewalAfterTakeover(t *testing.T, e *env) {
+	id := e.sink("s")
+	a := e.acquire(id)
+	ctx, cancel := context.WithTimeout(e.ctx, waitLimit)
+	defer cancel()
+	if err := e.clock.WaitForTimers(ctx, 1); err != nil {
+		t.Fatalf("the heartbeat armed no timer: %v", err)
+	}
+	e.clock.Skip(SuiteLease.TTL) // frozen: no renewal runs
+	b := e.acquire(id)
+	if err := e.clock.WaitForTimers(ctx, 2); err != nil {
+		t.Fatalf("the two heartbeats armed no timers: %v", err)
+	}
+	e.clock.Advance(0) // the frozen holder's overdue tick fires
+	// It renews (at once, twice, having fallen behind) and arms its next tick.
+	if err := e.clock.WaitForTimers(ctx, 2); err != nil {
+		t.Fatalf("the frozen holder's heartbeat armed no timer after renewing: %v", err)
+	}
+	e.wantLost("the frozen holder once its renewal met the rival", a)
+	e.wantHeld("the rival", b)
+	d := e.describe(e.feed)
+	if len(d.Sinks) != 1 || d.Sinks[0].Lease == nil || d.Sinks[0].Lease.Holder != b.Holder() || !d.Sinks[0].Lease.ExpiresAt.Equal(e.clock.Now().Add(SuiteLease.TTL)) {
+		t.Errorf("Describe after the takeover: %+v; want the rival %s expiring a ttl after its take (%v)", d.Sinks, b.Holder(), e.clock.Now().Add(SuiteLease.TTL))
 	}
 }
 
