@@ -118,7 +118,7 @@ func (e errorString) Error() string { return string(e) }
 
 // blockedBy waits until a session waits for a lock pid's transaction holds,
 // or fails t after 10s. done, when it yields first, means the call that
-// should have blocked returned.
+// should have blocked returned; nil when the caller watches that itself.
 func blockedBy(t *testing.T, ctx context.Context, d db, pid int32, done <-chan error, what string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

@@ -437,6 +437,21 @@ func TestAdvisoryLease(t *testing.T) {
 		}
 	})
 
+	t.Run("release clears the holder", func(t *testing.T) {
+		id := feed.SinkID{Feed: "adv-released", Sink: "s"}
+		a := mustAcquire(t, advA, ctx, id)
+		if err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		desc, err := row.Describe(ctx, id.Feed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(desc.Sinks) != 1 || desc.Sinks[0].Lease != nil {
+			t.Fatalf("after Release, Describe shows %+v; want the sink with no lease recorded", desc.Sinks)
+		}
+	})
+
 	t.Run("context end releases", func(t *testing.T) {
 		id := feed.SinkID{Feed: "adv", Sink: "ctx"}
 		lctx, cancel := context.WithCancel(ctx)
@@ -521,4 +536,62 @@ func TestRenewalNeverMovesExpiryBack(t *testing.T) {
 // isRenewal recognises the lease-row renewal statement.
 func isRenewal(sql string) bool {
 	return strings.HasPrefix(sql, "UPDATE") && strings.Contains(sql, "SET lease_expires_at =")
+}
+
+// TestLeaseRowAgeFromTheTakeStart: the expiry a take stores is stamped when
+// its statement runs, so the lease's age must run from before the take, not
+// from when its commit came back. The take is held up here on the cursor
+// row's lock while the clock moves on; EnsureHeld must still fail ttl −
+// margin after the take started, however late the take returned.
+func TestLeaseRowAgeFromTheTakeStart(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	clock := feedtest.NewManualClock(leaseEpoch)
+	s := newStore(t, d, pgfeed.Options{Clock: clock})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	id := feed.SinkID{Feed: "slow-take", Sink: "s"}
+	first := mustAcquire(t, s, ctx, id) // registers the sink: its row exists
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(context.Background()) }()
+	var pid int32
+	if err := blocker.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM "`+d.schema+`".feed_cursors WHERE feed = $1 AND sink = $2 FOR UPDATE`, string(id.Feed), string(id.Sink)); err != nil {
+		t.Fatal(err)
+	}
+	started := clock.Now()
+	type taken struct {
+		l   feed.Lease
+		err error
+	}
+	done := make(chan taken, 1)
+	go func() {
+		l, err := s.AcquireLease(ctx, id)
+		done <- taken{l, err}
+	}()
+	blockedBy(t, ctx, d, pid, nil, "the take")
+	clock.Skip(feed.DefaultLeaseTTL / 3) // the take is slow
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil {
+		t.Fatalf("AcquireLease: %v", got.err)
+	}
+	defer func() { _ = got.l.Release(context.Background()) }()
+	timings, _ := feed.LeaseOptions{}.Resolve("lease")
+	clock.Skip(started.Add(timings.Usable() - time.Nanosecond).Sub(clock.Now()))
+	if err := got.l.EnsureHeld(ctx); err != nil {
+		t.Fatalf("EnsureHeld just before ttl − margin after the take started: %v", err)
+	}
+	clock.Skip(time.Nanosecond)
+	wantErr(t, "EnsureHeld ttl − margin after the take started, though it returned later", got.l.EnsureHeld(ctx), feed.ErrLeaseLost)
 }
