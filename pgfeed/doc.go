@@ -91,5 +91,10 @@
 // Caller mistakes are *feed.InvalidError, returned before any statement runs.
 // Infrastructure faults are *feed.UnreadableError on reads and
 // *feed.WriteFailedError on writes, wrapping the pgx error; the sync driver
-// backs off and tries again. No error repeats a connection string.
+// backs off and tries again. No error repeats a connection string. A LISTEN
+// connection that cannot be reached, or never answers, costs wake-ups, never
+// progress: each attempt is bounded by Options.ListenTimeout, and while the
+// listener is down Subscribe fails at once so that workers poll (the
+// listener's doc has the argument). Describe refuses a feed it does not know
+// with a *feed.UnknownFeedError.
 package pgfeed
