@@ -96,7 +96,11 @@ type SyncStore interface {
 	// whose lease a live worker holds is refused with a *LeaseHeldError. It
 	// returns whether there was anything to remove.
 	RemoveSink(ctx context.Context, id SinkID) (bool, error)
-	// Describe reports the feed for an operator.
+	// Describe reports the feed for an operator. Only a known feed has a
+	// report: one whose generation and head are recorded (a committed write
+	// or reset made them; pgfeed's BindTx and LockTx too) or that has any
+	// registered sink. Any other name is refused with an *UnknownFeedError,
+	// so a misspelt name does not read as an empty feed.
 	Describe(ctx context.Context, feed FeedName) (Description, error)
 }
 

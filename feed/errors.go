@@ -31,6 +31,12 @@ var (
 	// of the infrastructure. It did not land. Retrying later may work.
 	ErrWriteFailed = errors.New("feed write failed")
 
+	// ErrUnknownFeed: an operator asked about a feed the store does not know:
+	// it was never written nor reset and has no registered sink (see
+	// SyncStore.Describe). A misspelt feed name is refused rather than
+	// reported as an empty feed.
+	ErrUnknownFeed = errors.New("unknown feed")
+
 	// ErrInvalid: the caller passed something that breaks a documented rule. It
 	// is refused before anything is written; retrying the same call cannot work.
 	ErrInvalid = errors.New("invalid input")
@@ -112,6 +118,18 @@ func (e *CursorSupersededError) Error() string {
 
 // Is reports whether target is ErrCursorSuperseded.
 func (e *CursorSupersededError) Is(target error) bool { return target == ErrCursorSuperseded }
+
+// UnknownFeedError says which feed is unknown. It matches ErrUnknownFeed.
+type UnknownFeedError struct {
+	Feed FeedName
+}
+
+func (e *UnknownFeedError) Error() string {
+	return fmt.Sprintf("feed %q: %v (never written nor reset, and no sink registered)", e.Feed, ErrUnknownFeed)
+}
+
+// Is reports whether target is ErrUnknownFeed.
+func (e *UnknownFeedError) Is(target error) bool { return target == ErrUnknownFeed }
 
 // UnreadableError wraps the cause of a failed read. Op says what was being
 // read, in words an operator understands. It matches ErrUnreadable.
@@ -195,7 +213,7 @@ func WriteFailed(op string, err error) error {
 }
 
 func carriesCondition(err error) bool {
-	for _, c := range []error{ErrLeaseHeld, ErrLeaseLost, ErrCursorSuperseded, ErrUnreadable, ErrWriteFailed, ErrInvalid} {
+	for _, c := range []error{ErrLeaseHeld, ErrLeaseLost, ErrCursorSuperseded, ErrUnreadable, ErrWriteFailed, ErrInvalid, ErrUnknownFeed} {
 		if errors.Is(err, c) {
 			return true
 		}

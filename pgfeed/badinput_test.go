@@ -84,7 +84,7 @@ func TestBadIdentifiers(t *testing.T) {
 	}
 }
 
-// TestBadOptions: nil db, lease timings, and a Subscribe that has no way to
+// TestBadOptions: nil db, lease timings, a negative listen timeout, and a Subscribe that has no way to
 // listen are refused with the field named.
 func TestBadOptions(t *testing.T) {
 	t.Parallel()
@@ -102,6 +102,8 @@ func TestBadOptions(t *testing.T) {
 		_, err := pgfeed.New(t.Context(), pool, pgfeed.Options{Lease: c.lease})
 		wantInvalid(t, "New("+c.lease.String()+")", err, c.field)
 	}
+	_, err = pgfeed.New(t.Context(), pool, pgfeed.Options{ListenTimeout: -time.Second})
+	wantInvalid(t, "New(listen timeout -1s)", err, "options.listen_timeout")
 	// A DBTX that is neither a pool nor a conn needs Options.Listen.
 	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	s, err := pgfeed.New(t.Context(), wrappedDB{d.pool}, pgfeed.Options{Schema: d.schema})

@@ -115,6 +115,17 @@ func TestLockTx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A failure below ends the test with tx still open, and the pool's
+		// close at cleanup would wait for it; and the write it holds up
+		// must end before the goroutine leak check.
+		done, finished := make(chan error, 1), make(chan struct{})
+		wrote := false
+		defer func() {
+			_ = tx.Rollback(context.Background())
+			if wrote {
+				<-finished
+			}
+		}()
 		if err := s.LockTx(ctx, tx, f); err != nil {
 			t.Fatal(err)
 		}
@@ -122,22 +133,13 @@ func TestLockTx(t *testing.T) {
 		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 			t.Fatal(err)
 		}
-		done := make(chan error, 1)
+		wrote = true
 		go func() {
+			defer close(finished)
 			_, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("k", []byte(`{}`))})
 			done <- err
 		}()
-		for blocked := 0; blocked == 0; {
-			if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`, pid).Scan(&blocked); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-done:
-				t.Fatalf("a write landed while LockTx held the feed lock (%v)", err)
-			default:
-			}
-			time.Sleep(5 * time.Millisecond) // polling an observable condition
-		}
+		blockedBy(t, ctx, d, pid, done, "a write")
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}

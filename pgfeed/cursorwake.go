@@ -2,7 +2,6 @@ package pgfeed
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	"github.com/kairos-es/kairos/feed"
@@ -50,9 +49,9 @@ func (w *cursorWaiters) signalAll() {
 
 // SubscribeCursors returns a subscription signalled after every cursor move
 // of a sink of f that lands, from any process on this database and this
-// schema and prefix; see feed.CursorWatcher. Like Subscribe, the first
-// subscription of a store starts its listener and waits, bounded by ctx,
-// until it listens. Behind a transaction pooler no notification arrives
+// schema and prefix; see feed.CursorWatcher. It registers as Subscribe does
+// (see listener.register), so it fails at once while the listener is down,
+// and the waiter then polls. Behind a transaction pooler no notification arrives
 // (the listener warns); waiters then only poll.
 func (s *Store) SubscribeCursors(ctx context.Context, f feed.FeedName) (feed.Subscription, error) {
 	if err := f.Validate(); err != nil {
@@ -63,25 +62,19 @@ func (s *Store) SubscribeCursors(ctx context.Context, f feed.FeedName) (feed.Sub
 		return nil, err
 	}
 	sub := &cursorSub{c: make(chan struct{}, 1), l: l, f: f}
-	l.mu.Lock()
-	if l.cursors.subs == nil {
-		l.cursors.subs = make(map[feed.FeedName]map[*cursorSub]struct{})
+	err = l.register(ctx, "subscribing to the cursors of feed "+string(f), func() {
+		if l.cursors.subs == nil {
+			l.cursors.subs = make(map[feed.FeedName]map[*cursorSub]struct{})
+		}
+		if l.cursors.subs[f] == nil {
+			l.cursors.subs[f] = make(map[*cursorSub]struct{})
+		}
+		l.cursors.subs[f][sub] = struct{}{}
+	})
+	if err != nil {
+		return nil, err
 	}
-	if l.cursors.subs[f] == nil {
-		l.cursors.subs[f] = make(map[*cursorSub]struct{})
-	}
-	l.cursors.subs[f][sub] = struct{}{}
-	l.mu.Unlock()
-	select {
-	case <-l.ready:
-		return sub, nil
-	case <-l.done:
-		sub.Close()
-		return nil, feed.Unreadable("subscribing to the cursors of feed "+string(f), errors.New("the store is closed"))
-	case <-ctx.Done():
-		sub.Close()
-		return nil, feed.Unreadable("subscribing to the cursors of feed "+string(f), ctx.Err())
-	}
+	return sub, nil
 }
 
 type cursorSub struct {

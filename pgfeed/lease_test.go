@@ -312,7 +312,9 @@ func terminate(t *testing.T, pool *pgxpool.Pool, app string) {
 // EnsureHeld fail and lets a rival of either kind take over; the crashed
 // holder's record on the row does not block lease-row workers; a live lease
 // row refuses an advisory worker and the reverse; RemoveSink is refused
-// while the session lives.
+// while the session lives and allowed once it crashed; a free row is taken
+// even while some session holds the sink's lock; and a claim records the
+// holder only from a session that holds the lock.
 func TestAdvisoryLease(t *testing.T) {
 	t.Parallel()
 	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
@@ -388,6 +390,85 @@ func TestAdvisoryLease(t *testing.T) {
 		wantErr(t, "EnsureHeld after Release", b.EnsureHeld(ctx), feed.ErrLeaseLost)
 		if ok, err := row.RemoveSink(ctx, id); err != nil || !ok {
 			t.Fatalf("RemoveSink after the advisory holder released = %v, %v", ok, err)
+		}
+	})
+
+	t.Run("crashed advisory holder does not block RemoveSink", func(t *testing.T) {
+		// Its record has no expiry, so only the sink's advisory lock, free
+		// once the session is gone, tells it is dead.
+		id := feed.SinkID{Feed: "adv", Sink: "crashed-removed"}
+		mustAcquire(t, advA, ctx, id)
+		terminate(t, d.pool, appA)
+		if ok, err := row.RemoveSink(ctx, id); err != nil || !ok {
+			t.Fatalf("RemoveSink of a sink whose advisory holder crashed = %v, %v; want true", ok, err)
+		}
+	})
+
+	t.Run("free row taken while the advisory lock is held", func(t *testing.T) {
+		// An advisory worker that has the sink's lock but has not recorded
+		// itself yet (or has cleared itself and not unlocked yet) holds no
+		// lease: the row is free, and a lease-row take must get it.
+		id := feed.SinkID{Feed: "adv", Sink: "between"}
+		conn, err := d.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		for _, registered := range []bool{false, true} {
+			var locked bool
+			if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, pgfeed.SinkLockKey(row, id)).Scan(&locked); err != nil || !locked {
+				t.Fatalf("taking the sink's advisory lock = %v, %v", locked, err)
+			}
+			r, err := row.AcquireLease(ctx, id)
+			if err != nil {
+				t.Fatalf("a lease-row take of a free row (registered %v) while the advisory lock is held = %v; want it taken", registered, err)
+			}
+			if err := r.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, pgfeed.SinkLockKey(row, id)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("claim only from the session that holds the lock", func(t *testing.T) {
+		// The holder is recorded from the lock's own session and only while
+		// it holds the lock: a session that lost it (or never had it, as
+		// behind a pooler that handed the statement to another one) records
+		// nothing.
+		id := feed.SinkID{Feed: "adv", Sink: "claim"}
+		conn, err := d.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if ok, err := pgfeed.ClaimAdvisory(ctx, advA, conn.Conn(), id, "pg-advisory:nolock"); err != nil || ok {
+			t.Fatalf("a claim from a session without the lock = %v, %v; want nothing recorded", ok, err)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, pgfeed.SinkLockKey(advA, id)); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, pgfeed.SinkLockKey(advA, id))
+		}()
+		if ok, err := pgfeed.ClaimAdvisory(ctx, advA, conn.Conn(), id, "pg-advisory:locked"); err != nil || !ok {
+			t.Fatalf("a claim from the session that holds the lock = %v, %v; want it recorded", ok, err)
+		}
+	})
+
+	t.Run("release clears the holder", func(t *testing.T) {
+		id := feed.SinkID{Feed: "adv-released", Sink: "s"}
+		a := mustAcquire(t, advA, ctx, id)
+		if err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		desc, err := row.Describe(ctx, id.Feed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(desc.Sinks) != 1 || desc.Sinks[0].Lease != nil {
+			t.Fatalf("after Release, Describe shows %+v; want the sink with no lease recorded", desc.Sinks)
 		}
 	})
 
@@ -475,4 +556,62 @@ func TestRenewalNeverMovesExpiryBack(t *testing.T) {
 // isRenewal recognises the lease-row renewal statement.
 func isRenewal(sql string) bool {
 	return strings.HasPrefix(sql, "UPDATE") && strings.Contains(sql, "SET lease_expires_at =")
+}
+
+// TestLeaseRowAgeFromTheTakeStart: the expiry a take stores is stamped when
+// its statement runs, so the lease's age must run from before the take, not
+// from when its commit came back. The take is held up here on the cursor
+// row's lock while the clock moves on; EnsureHeld must still fail ttl −
+// margin after the take started, however late the take returned.
+func TestLeaseRowAgeFromTheTakeStart(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	clock := feedtest.NewManualClock(leaseEpoch)
+	s := newStore(t, d, pgfeed.Options{Clock: clock})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	id := feed.SinkID{Feed: "slow-take", Sink: "s"}
+	first := mustAcquire(t, s, ctx, id) // registers the sink: its row exists
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(context.Background()) }()
+	var pid int32
+	if err := blocker.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM "`+d.schema+`".feed_cursors WHERE feed = $1 AND sink = $2 FOR UPDATE`, string(id.Feed), string(id.Sink)); err != nil {
+		t.Fatal(err)
+	}
+	started := clock.Now()
+	type taken struct {
+		l   feed.Lease
+		err error
+	}
+	done := make(chan taken, 1)
+	go func() {
+		l, err := s.AcquireLease(ctx, id)
+		done <- taken{l, err}
+	}()
+	blockedBy(t, ctx, d, pid, nil, "the take")
+	clock.Skip(feed.DefaultLeaseTTL / 3) // the take is slow
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil {
+		t.Fatalf("AcquireLease: %v", got.err)
+	}
+	defer func() { _ = got.l.Release(context.Background()) }()
+	timings, _ := feed.LeaseOptions{}.Resolve("lease")
+	clock.Skip(started.Add(timings.Usable() - time.Nanosecond).Sub(clock.Now()))
+	if err := got.l.EnsureHeld(ctx); err != nil {
+		t.Fatalf("EnsureHeld just before ttl − margin after the take started: %v", err)
+	}
+	clock.Skip(time.Nanosecond)
+	wantErr(t, "EnsureHeld ttl − margin after the take started, though it returned later", got.l.EnsureHeld(ctx), feed.ErrLeaseLost)
 }

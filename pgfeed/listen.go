@@ -3,6 +3,7 @@ package pgfeed
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -16,22 +17,33 @@ import (
 //
 // # Why no wake-up is lost
 //
-// A subscription is registered before Subscribe waits for the session's first
-// LISTEN to be in place, so every commit after Subscribe returns either is
-// notified on that session or happens while the session is down; and every
-// time the session comes (back) up, LISTEN runs first and then every
-// subscription is signalled once, so a commit missed while it was down is
-// caught up by the worker's next read. Duplicate and spurious wake-ups are
-// allowed by the contract; lost ones are not.
+// Subscribe registers a subscription only while the session is up, under the
+// same lock the session's state changes under, so every commit after Subscribe
+// returns either is notified on that session or happens after the session
+// dropped; and every time the session comes (back) up, LISTEN runs first and
+// then every subscription is signalled once, so a commit missed while it was
+// down is caught up by the worker's next read. Duplicate and spurious wake-ups
+// are allowed by the contract; lost ones are not.
+//
+// # Why a listener that is down never holds a worker up
+//
+// Wake-ups only shorten a worker's wait, which also polls. So the session's
+// setup (connect, LISTEN, the pooler check) is bounded by
+// Options.ListenTimeout, and while the session is down Subscribe fails at once
+// with the reason, instead of waiting for a reconnect that may never come: the
+// worker polls meanwhile and tries again. Subscribe waits only for an attempt
+// under way that has not failed yet, bounded by its ctx.
 type listener struct {
-	s      *Store
-	cancel context.CancelFunc
-	done   chan struct{}
+	s       *Store
+	timeout time.Duration
+	cancel  context.CancelFunc
+	done    chan struct{}
 
-	mu    sync.Mutex
-	subs  map[feed.FeedName]map[*subscription]struct{}
-	ready chan struct{} // closed once the first LISTEN is in place
-	isUp  bool
+	mu      sync.Mutex
+	subs    map[feed.FeedName]map[*subscription]struct{}
+	up      bool          // a session listens now
+	down    error         // why the last attempt or session ended; nil while up or before the first attempt ends
+	changed chan struct{} // closed, and replaced, whenever up or down changes
 	// cursors are the cursor-move subscriptions (cursorwake.go), guarded by mu.
 	cursors cursorWaiters
 
@@ -57,11 +69,12 @@ func (s *Store) startListener() (*listener, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &listener{
-		s:      s,
-		cancel: cancel,
-		done:   make(chan struct{}),
-		subs:   make(map[feed.FeedName]map[*subscription]struct{}),
-		ready:  make(chan struct{}),
+		s:       s,
+		timeout: s.listenTimeout,
+		cancel:  cancel,
+		done:    make(chan struct{}),
+		subs:    make(map[feed.FeedName]map[*subscription]struct{}),
+		changed: make(chan struct{}),
 	}
 	s.listener = l
 	go l.run(ctx)
@@ -73,15 +86,32 @@ func (l *listener) close() {
 	<-l.done
 }
 
+// setState records a change of the session's state and wakes every Subscribe
+// waiting for one. Called with l.mu held.
+func (l *listener) setState(up bool, down error) {
+	l.up, l.down = up, down
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
 func (l *listener) run(ctx context.Context) {
 	defer close(l.done)
 	wait := reconnectMin
 	for {
-		err := l.session(ctx)
+		listened, err := l.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		l.s.logger.Warn("feed listener lost its connection; reconnecting", "schema", l.s.names.schema, "error", err, "retry_in", wait)
+		if err == nil { // cannot happen: a session ends on an error
+			err = errors.New("the session ended")
+		}
+		l.mu.Lock()
+		l.setState(false, err)
+		l.mu.Unlock()
+		if listened {
+			wait = reconnectMin // it was up: start the backoff afresh
+		}
+		l.s.logger.Warn("feed listener is down; workers poll until it reconnects", "schema", l.s.names.schema, "error", err, "retry_in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -93,37 +123,43 @@ func (l *listener) run(ctx context.Context) {
 	}
 }
 
-// session runs one connection: LISTEN, signal everyone, then relay
-// notifications until the connection fails or ctx ends.
-func (l *listener) session(ctx context.Context) error {
-	conn, err := l.s.listen(ctx)
-	if err != nil {
+// session runs one connection: connect and LISTEN within the listen timeout,
+// signal everyone, then relay notifications until the connection fails or
+// ctx ends. listened says whether it got as far as listening.
+func (l *listener) session(ctx context.Context) (listened bool, err error) {
+	sctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	setup := func(err error) error {
+		if ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("no LISTEN session within options.listen_timeout (%v): %w", l.timeout, err)
+		}
 		return err
+	}
+	conn, err := l.s.listen(sctx)
+	if err != nil {
+		return false, setup(err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgschema.Quote(l.s.names.channel)+"; LISTEN "+pgschema.Quote(l.s.names.cursorChannel), pgx.QueryExecModeSimpleProtocol); err != nil {
-		return err
+	if _, err := conn.Exec(sctx, "LISTEN "+pgschema.Quote(l.s.names.channel)+"; LISTEN "+pgschema.Quote(l.s.names.cursorChannel), pgx.QueryExecModeSimpleProtocol); err != nil {
+		return false, setup(err)
 	}
 	// Behind a transaction pooler the LISTEN went to a server session the
 	// pooler has already handed on, and no notification will come back.
 	// Workers still poll, so this is a warning, not an error.
 	var backend uint32
-	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`, pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
-		return err
+	if err := conn.QueryRow(sctx, `SELECT pg_backend_pid()`, pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
+		return false, setup(err)
 	}
 	if backend != conn.PgConn().PID() && !l.warned {
 		l.warned = true
 		l.s.logger.Warn("the feed listener's connection goes through a transaction pooler, which does not deliver notifications; workers will fall back to polling. Set pgfeed.Options.Listen to a direct connection", "schema", l.s.names.schema)
 	}
 	l.mu.Lock()
-	if !l.isUp {
-		l.isUp = true
-		close(l.ready)
-	}
+	l.setState(true, nil)
 	for _, subs := range l.subs {
 		for sub := range subs {
 			sub.signal()
@@ -134,7 +170,7 @@ func (l *listener) session(ctx context.Context) error {
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		l.mu.Lock()
 		if n.Channel == l.s.names.cursorChannel {
@@ -149,8 +185,12 @@ func (l *listener) session(ctx context.Context) error {
 }
 
 // Subscribe returns a subscription signalled after commits to f; see
-// feed.Reader. The first Subscribe of a store starts its listener and waits,
-// bounded by ctx, until it listens.
+// feed.Reader. The first Subscribe of a store starts its listener. While the
+// listener's session is up, Subscribe returns at once; while it is down (its
+// last attempt failed, or the session dropped and has not reconnected yet),
+// it fails at once with an *feed.UnreadableError that says why, and the
+// caller polls and tries again later; only while the first attempt is under
+// way does it wait for it, bounded by ctx and Options.ListenTimeout.
 func (s *Store) Subscribe(ctx context.Context, f feed.FeedName) (feed.Subscription, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
@@ -160,21 +200,43 @@ func (s *Store) Subscribe(ctx context.Context, f feed.FeedName) (feed.Subscripti
 		return nil, err
 	}
 	sub := &subscription{c: make(chan struct{}, 1), l: l, f: f}
-	l.mu.Lock()
-	if l.subs[f] == nil {
-		l.subs[f] = make(map[*subscription]struct{})
+	err = l.register(ctx, "subscribing to feed "+string(f), func() {
+		if l.subs[f] == nil {
+			l.subs[f] = make(map[*subscription]struct{})
+		}
+		l.subs[f][sub] = struct{}{}
+	})
+	if err != nil {
+		return nil, err
 	}
-	l.subs[f][sub] = struct{}{}
-	l.mu.Unlock()
-	select {
-	case <-l.ready:
-		return sub, nil
-	case <-l.done:
-		sub.Close()
-		return nil, feed.Unreadable("subscribing to feed "+string(f), errors.New("the store is closed"))
-	case <-ctx.Done():
-		sub.Close()
-		return nil, feed.Unreadable("subscribing to feed "+string(f), ctx.Err())
+	return sub, nil
+}
+
+// register runs add, under the listener's lock, once the session is up: at
+// once when it is, after the attempt under way when one is (bounded by ctx),
+// and never while the session is down, which fails at once with the reason
+// (see the listener's doc). Every subscription, to commits or to cursor
+// moves, is registered through it.
+func (l *listener) register(ctx context.Context, op string, add func()) error {
+	for {
+		l.mu.Lock()
+		if l.up {
+			add()
+			l.mu.Unlock()
+			return nil
+		}
+		down, changed := l.down, l.changed
+		l.mu.Unlock()
+		if down != nil {
+			return feed.Unreadable(op, fmt.Errorf("the feed listener is down: %w", down))
+		}
+		select {
+		case <-changed:
+		case <-l.done:
+			return feed.Unreadable(op, errors.New("the store is closed"))
+		case <-ctx.Done():
+			return feed.Unreadable(op, fmt.Errorf("the feed listener is not up yet: %w", ctx.Err()))
+		}
 	}
 }
 

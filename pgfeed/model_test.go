@@ -128,7 +128,7 @@ func (m *model) id(t *rapid.T) feed.SinkID {
 // same fails t unless both errors are nil or both carry the same condition.
 func same(t *rapid.T, op string, memErr, pgErr error) {
 	t.Helper()
-	for _, c := range []error{feed.ErrLeaseHeld, feed.ErrLeaseLost, feed.ErrCursorSuperseded, feed.ErrInvalid} {
+	for _, c := range []error{feed.ErrLeaseHeld, feed.ErrLeaseLost, feed.ErrCursorSuperseded, feed.ErrInvalid, feed.ErrUnknownFeed} {
 		if errors.Is(memErr, c) != errors.Is(pgErr, c) {
 			t.Fatalf("%s: memfeed says %v, pgfeed says %v", op, memErr, pgErr)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,6 +23,10 @@ const (
 	// longestTable is the longest name this package appends to the prefix; the
 	// prefix is validated so that prefix + it still fits pgschema.MaxIdentLen.
 	longestTable = "generations"
+	// DefaultListenTimeout bounds each attempt of the listener to open its
+	// session and LISTEN. A server that takes longer is treated as down:
+	// workers poll, and the listener tries again with a backoff.
+	DefaultListenTimeout = 5 * time.Second
 )
 
 // DBTX is what the store runs its statements on: a *pgxpool.Pool in
@@ -69,6 +74,11 @@ type Options struct {
 	// db when db is a *pgxpool.Pool, or opening one with db's config when db is
 	// a *pgx.Conn; with any other DBTX, Subscribe needs it.
 	Listen func(ctx context.Context) (*pgx.Conn, error)
+	// ListenTimeout bounds each attempt of the listener to open its session
+	// (Listen), LISTEN and check for a pooler, so that a server that accepts
+	// a connection and never answers costs an attempt, not the wake-ups for
+	// good. Must not be negative. Defaults to DefaultListenTimeout.
+	ListenTimeout time.Duration
 	// Logger receives lease renewal failures and listener reconnects.
 	// Defaults to slog.Default().
 	Logger *slog.Logger

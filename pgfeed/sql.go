@@ -107,6 +107,10 @@ type statements struct {
 	// cursorExists tells a refused delete from a missing row; removeParked
 	// deletes the sink's parks.
 	removeCursor, cursorExists, removeParked string
+	// describeFeed reads the feed's generation and head and, in the same
+	// snapshot, whether the feed is known: it has a generations row or a
+	// registered sink (a cursor row).
+	describeFeed string
 	// describeSinks and describeParked are the per-sink report. A sink's
 	// pending count is the rows above its cursor. Counted once per sink, that
 	// reads rows × sinks index entries; describeSinks instead counts the rows
@@ -226,6 +230,9 @@ WHERE feed = $1::text AND sink = $2::text
 RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
+		describeFeed: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0),
+	count(*) > 0 OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text)
+FROM ` + g + ` WHERE feed = $1::text`,
 		describeSinks: `WITH c AS (
 	SELECT sink, generation, seq, last_advance_at, lease_holder, lease_expires_at, coalesce(seq, 0) AS at
 	FROM ` + c + ` WHERE feed = $1::text

@@ -17,13 +17,15 @@ import (
 
 // stallProxy forwards TCP to the test database until stalled; then it stops
 // moving bytes either way, as a network partition does, while keeping both
-// connections open.
+// connections open. With a delay set, every chunk the client sends reaches
+// the server that much later, as over a slow link.
 type stallProxy struct {
 	ln      net.Listener
 	target  string
 	mu      sync.Mutex
 	stalled bool
 	done    bool
+	delay   time.Duration
 	conns   []net.Conn
 	wg      sync.WaitGroup
 }
@@ -57,12 +59,12 @@ func (p *stallProxy) accept() {
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(c, s)
-		go p.pipe(s, c)
+		go p.pipe(c, s, false)
+		go p.pipe(s, c, true)
 	}
 }
 
-func (p *stallProxy) pipe(dst, src net.Conn) {
+func (p *stallProxy) pipe(dst, src net.Conn, up bool) {
 	defer p.wg.Done()
 	defer dst.Close()
 	buf := make([]byte, 32<<10)
@@ -73,6 +75,9 @@ func (p *stallProxy) pipe(dst, src net.Conn) {
 				return
 			}
 			time.Sleep(5 * time.Millisecond)
+		}
+		if d := p.upDelay(); n > 0 && up && d > 0 {
+			time.Sleep(d) // a slow link, not a wait for a condition
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -86,7 +91,13 @@ func (p *stallProxy) pipe(dst, src net.Conn) {
 }
 
 func (p *stallProxy) isStalled() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.stalled }
-func (p *stallProxy) stall()          { p.mu.Lock(); p.stalled = true; p.mu.Unlock() }
+func (p *stallProxy) upDelay() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delay
+}
+func (p *stallProxy) setDelay(d time.Duration) { p.mu.Lock(); p.delay = d; p.mu.Unlock() }
+func (p *stallProxy) stall()                   { p.mu.Lock(); p.stalled = true; p.mu.Unlock() }
 
 // shutDown reports whether close has run.
 func (p *stallProxy) shutDown() bool {

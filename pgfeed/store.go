@@ -34,6 +34,8 @@ type Store struct {
 	listener *listener
 	closed   bool
 	listen   func(ctx context.Context) (*pgx.Conn, error)
+	// listenTimeout is Options.ListenTimeout, resolved.
+	listenTimeout time.Duration
 }
 
 var (
@@ -64,6 +66,12 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	switch {
+	case opts.ListenTimeout < 0:
+		return nil, feed.Invalid("options.listen_timeout", "is %v; durations must be positive", opts.ListenTimeout)
+	case opts.ListenTimeout == 0:
+		opts.ListenTimeout = DefaultListenTimeout
+	}
 	if err := n.migrations().Check(ctx, db); err != nil {
 		return nil, err
 	}
@@ -83,6 +91,8 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 		logger:   opts.Logger,
 		advisory: opts.AdvisoryLock,
 		listen:   opts.Listen,
+
+		listenTimeout: opts.ListenTimeout,
 	}
 	if s.advisory != nil {
 		if err := checkSessionPool(ctx, s.advisory); err != nil {

@@ -271,8 +271,9 @@ func (s *Store) RemoveSink(ctx context.Context, id feed.SinkID) (bool, error) {
 	return removed, nil
 }
 
-// Describe reports f for an operator; see feed.Description. It is three
-// reads, each its own snapshot.
+// Describe reports f for an operator, or refuses a feed it does not know
+// (statements.describeFeed); see feed.SyncStore and feed.Description. It is
+// three reads, each its own snapshot.
 func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description, error) {
 	if err := f.Validate(); err != nil {
 		return feed.Description{}, err
@@ -281,9 +282,15 @@ func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description
 		return feed.Description{}, feed.Unreadable("describing feed "+string(f), err)
 	}
 	d := feed.Description{Feed: f}
-	var gen, head int64
-	if err := s.db.QueryRow(ctx, `SELECT coalesce(max(generation), 1), coalesce(max(head), 0) FROM `+s.names.generations+` WHERE feed = $1::text`, string(f)).Scan(&gen, &head); err != nil {
+	var (
+		gen, head int64
+		known     bool
+	)
+	if err := s.db.QueryRow(ctx, s.sql.describeFeed, string(f)).Scan(&gen, &head, &known); err != nil {
 		return fail(err)
+	}
+	if !known {
+		return feed.Description{}, &feed.UnknownFeedError{Feed: f}
 	}
 	d.Generation, d.Head = feed.Generation(gen), feed.Seq(head)
 	rows, err := s.db.Query(ctx, s.sql.describeSinks, string(f))

@@ -99,7 +99,9 @@
 // under the same lease. An feed.ErrInvalid from the store is a bug in the
 // store or the worker; it is logged as an error and backed off like a fault,
 // so it neither spins nor goes unseen. A worker that cannot subscribe to the
-// feed's wake-ups polls meanwhile: lost wake-ups cost latency, never progress.
+// feed's wake-ups, or whose subscribe does not answer within its poll
+// interval, polls meanwhile and shows it in State.WakeUps: lost wake-ups cost
+// latency, never progress.
 // State exposes each worker's phase,
 // cursor, lag, counts, lease (or the rival it waits for) and last error, with
 // when it recovered, while it runs; Worker's doc says what it logs.

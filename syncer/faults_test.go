@@ -457,3 +457,39 @@ func TestNoWakeUps(t *testing.T) {
 		}
 	})
 }
+
+// stuckReader's Subscribe never answers: it blocks until its ctx ends, as a
+// wake-up source behind a dead connection does.
+type stuckReader struct {
+	feed.Reader
+	tries atomic.Int32
+}
+
+func (r *stuckReader) Subscribe(ctx context.Context, _ feed.FeedName) (feed.Subscription, error) {
+	r.tries.Add(1)
+	<-ctx.Done()
+	return nil, feed.Unreadable("listening for commits", ctx.Err())
+}
+
+// TestWakeUpsThatHang: a subscribe that never answers holds the worker up no
+// longer than its poll interval: every change still reaches the sink, on the
+// poll, and the State shows the wake-ups missing and why.
+func TestWakeUpsThatHang(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		reader := &stuckReader{Reader: e.h.Reader}
+		opts := testOptions(t, e)
+		opts.PollInterval = time.Second
+		e.write(feed.Put(key(0), doc(`{"i":0}`)))
+		run := start(t, e, reader, e.h.Store, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", nil)}}, opts)
+		for i := range 3 {
+			e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+			e.eventually("the write in the sink, by polling", 20*opts.PollInterval, func() bool { _, ok := w.docs()[key(i)]; return ok })
+		}
+		st := run.r.States()[0]
+		if st.WakeUps || !errors.Is(st.WakeUpError, feed.ErrUnreadable) || !strings.Contains(st.WakeUpError.Error(), "no answer within") {
+			t.Fatalf("State.WakeUps %v, WakeUpError %v; want no wake-ups and the subscribe that did not answer", st.WakeUps, st.WakeUpError)
+		}
+		e.eventually("another subscribe, a poll later", 20*opts.PollInterval, func() bool { return reader.tries.Load() >= 2 })
+	})
+}

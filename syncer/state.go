@@ -77,6 +77,14 @@ type State struct {
 	Parked int
 	// LastAdvance is when this worker last moved the cursor; zero if never.
 	LastAdvance time.Time
+	// WakeUps says whether the worker holds a subscription to the feed's
+	// wake-ups now. Without one it still sends everything, on its poll
+	// (Options.PollInterval), and tries to subscribe again each poll.
+	// WakeUpError is why the last try failed, nil once one succeeded: a
+	// wake-up source that is down shows here as well as in LastError, which
+	// a later fault replaces.
+	WakeUps     bool
+	WakeUpError error
 	// LastError is the last fault the worker met, nil until then, and
 	// LastErrorAt when it met it. It stays after the worker recovered, so
 	// that a flapping worker shows; RecoveredAt says whether it did.

@@ -21,6 +21,12 @@ import (
 // resync target once the worker's context has ended.
 const releaseTimeout = 5 * time.Second
 
+// subscribeTimeout caps how long a worker waits for its subscription to the
+// feed's wake-ups, which is also never longer than its poll interval: waiting
+// longer for a wake-up source than for the poll it only shortens gains
+// nothing.
+const subscribeTimeout = 5 * time.Second
+
 // SinkError is a failed sink call: the sink returned an error, panicked, or
 // broke its contract (a rejection of a record it was not sent). The worker
 // treats it as an infrastructure fault: it backs off and sends again, and the
@@ -325,6 +331,7 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 		cancel()
 		if s.sub != nil {
 			s.sub.Close()
+			w.update(func(st *State) { st.WakeUps = false })
 		}
 	}()
 	w.sinkTimeout = w.sinkTimeoutFor(lease)
@@ -372,17 +379,28 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 	if s.sub == nil && !w.opts.Clock.Now().Before(s.subRetry) {
 		// Subscribe before reading, so a commit after this read wakes the
 		// wait. A worker that cannot subscribe still polls: wake-ups only
-		// shorten the wait, so their loss costs latency, never progress. It
-		// tries again a poll interval later.
-		sub, err := w.reader.Subscribe(ctx, w.id.Feed)
+		// shorten the wait, so their loss costs latency, never progress. So
+		// the subscribe is bounded (subscribeTimeout), and a worker whose
+		// wake-up source is down or does not answer polls and tries again a
+		// poll interval later.
+		bound := min(w.opts.PollInterval, subscribeTimeout)
+		sctx, cancel := context.WithTimeout(ctx, bound)
+		sub, err := w.reader.Subscribe(sctx, w.id.Feed)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, err
 			}
-			w.fault(ctx, fmt.Errorf("subscribing to the feed (polling every %v meanwhile): %w", w.opts.PollInterval, err))
+			if errors.Is(sctx.Err(), context.DeadlineExceeded) {
+				err = fmt.Errorf("no answer within %v: %w", bound, err)
+			}
+			err = fmt.Errorf("subscribing to the feed (polling every %v meanwhile): %w", w.opts.PollInterval, err)
+			w.update(func(st *State) { st.WakeUps = false; st.WakeUpError = err })
+			w.fault(ctx, err)
 			s.subRetry = w.opts.Clock.Now().Add(w.opts.PollInterval)
 		} else {
 			s.sub = sub
+			w.update(func(st *State) { st.WakeUps = true; st.WakeUpError = nil })
 		}
 	}
 	if !s.fresh {

@@ -120,6 +120,12 @@
 //     expiry; removes the cursor and parks; false when there is nothing.
 //   - Describe: head, generation, sinks in name order with cursor, last
 //     advance, lease holder and expiry, parked list and pending count.
+//   - RenewalAfterTakeover: a holder frozen past its ttl whose row a rival
+//     took loses its lease at its next renewal, and the rival's expiry stays.
+//   - DescribeUnknown: a feed neither written nor rebuilt and with no
+//     registered sink is refused with a *feed.UnknownFeedError, however
+//     often it was read; one registered sink, a write or a rebuild alone
+//     makes it known.
 //   - BadInput: guarantee 9 for every method: names, keys, holder, cursors,
 //     park seqs, reasons and times, refused before anything is written.
 //

@@ -33,6 +33,7 @@ func RunSyncStore(t *testing.T, newStore NewStore) {
 	run("ExpiryAndFencing", syncExpiryAndFencing)
 	run("EnsureHeldMargin", syncEnsureHeldMargin)
 	run("HeartbeatKeepsLease", syncHeartbeat)
+	run("RenewalAfterTakeover", syncRenewalAfterTakeover)
 	run("CASFromZero", syncCASFromZero)
 	run("CASExpectedMismatch", syncCASExpectedMismatch)
 	run("CASWrongHolder", syncCASWrongHolder)
@@ -45,6 +46,7 @@ func RunSyncStore(t *testing.T, newStore NewStore) {
 	run("CollectKeepsParked", syncCollectKeepsParked)
 	run("RemoveSink", syncRemoveSink)
 	run("Describe", syncDescribe)
+	run("DescribeUnknown", syncDescribeUnknown)
 	run("BadInput", syncBadInput)
 }
 
@@ -353,6 +355,36 @@ func syncHeartbeat(t *testing.T, e *env) {
 	d := e.describe(e.feed)
 	if len(d.Sinks) != 1 || d.Sinks[0].Lease == nil || d.Sinks[0].Lease.Holder != a.Holder() || !d.Sinks[0].Lease.ExpiresAt.Equal(now.Add(SuiteLease.TTL)) {
 		t.Errorf("Describe after renewals: %+v; want holder %s expiring at the last renewal + ttl (%v)", d.Sinks, a.Holder(), now.Add(SuiteLease.TTL))
+	}
+}
+
+// syncRenewalAfterTakeover: a holder frozen past its ttl loses the row to a
+// rival; when its heartbeat wakes and renews, the renewal must find the row
+// naming someone else and lose the lease, not extend the rival's expiry and
+// carry on as a second holder.
+func syncRenewalAfterTakeover(t *testing.T, e *env) {
+	id := e.sink("s")
+	a := e.acquire(id)
+	ctx, cancel := context.WithTimeout(e.ctx, waitLimit)
+	defer cancel()
+	if err := e.clock.WaitForTimers(ctx, 1); err != nil {
+		t.Fatalf("the heartbeat armed no timer: %v", err)
+	}
+	e.clock.Skip(SuiteLease.TTL) // frozen: no renewal runs
+	b := e.acquire(id)
+	if err := e.clock.WaitForTimers(ctx, 2); err != nil {
+		t.Fatalf("the two heartbeats armed no timers: %v", err)
+	}
+	e.clock.Advance(0) // the frozen holder's overdue tick fires
+	// It renews (at once, twice, having fallen behind) and arms its next tick.
+	if err := e.clock.WaitForTimers(ctx, 2); err != nil {
+		t.Fatalf("the frozen holder's heartbeat armed no timer after renewing: %v", err)
+	}
+	e.wantLost("the frozen holder once its renewal met the rival", a)
+	e.wantHeld("the rival", b)
+	d := e.describe(e.feed)
+	if len(d.Sinks) != 1 || d.Sinks[0].Lease == nil || d.Sinks[0].Lease.Holder != b.Holder() || !d.Sinks[0].Lease.ExpiresAt.Equal(e.clock.Now().Add(SuiteLease.TTL)) {
+		t.Errorf("Describe after the takeover: %+v; want the rival %s expiring a ttl after its take (%v)", d.Sinks, b.Holder(), e.clock.Now().Add(SuiteLease.TTL))
 	}
 }
 
@@ -703,7 +735,7 @@ func syncRemoveSink(t *testing.T, e *env) {
 		t.Errorf("RemoveSink after Release = %v, %v; want true", ok, err)
 	}
 	if d := e.describe(e.feed); len(d.Sinks) != 0 {
-		t.Errorf("after RemoveSink, Describe lists %+v; want no sink", d.Sinks)
+		t.Errorf("after RemoveSink, Describe = %+v; want no sink (DescribeUnknown covers a feed never written)", d.Sinks)
 	}
 	e.wantCursor("after RemoveSink", id, feed.Cursor{})
 	e.wantParked("after RemoveSink", id)
@@ -766,10 +798,64 @@ func syncDescribe(t *testing.T, e *env) {
 	if diff := sameParked(s.Parked, []feed.ParkedRecord{pc}); diff != "" {
 		t.Errorf("zeta's parked list: %s", diff)
 	}
+}
 
-	other := e.describe(uniqueFeed(t))
-	if other.Generation != 1 || other.Head != 0 || len(other.Sinks) != 0 {
-		t.Errorf("Describe of a never-written feed = %+v; want generation 1, head 0, no sink", other)
+// wantUnknown fails t unless Describe(f) is refused with a
+// *feed.UnknownFeedError for f.
+func (e *env) wantUnknown(what string, f feed.FeedName) {
+	e.t.Helper()
+	d, err := e.h.Store.Describe(e.ctx, f)
+	var unknown *feed.UnknownFeedError
+	if !errors.Is(err, feed.ErrUnknownFeed) || !errors.As(err, &unknown) || unknown.Feed != f {
+		e.t.Errorf("%s: Describe(%s) = %+v, %v; want a *feed.UnknownFeedError for it", what, f, d, err)
+	}
+}
+
+func syncDescribeUnknown(t *testing.T, e *env) {
+	e.wantUnknown("a feed never touched", e.feed)
+	// Reading a feed, or asking about a sink of it, does not make it known.
+	e.readAll(e.feed, 0)
+	e.head(e.feed)
+	e.cursor(e.sink("s"))
+	e.parked(e.sink("s"))
+	if ok, err := e.h.Store.RetryParked(e.ctx, e.sink("s"), "k"); err != nil || ok {
+		t.Fatalf("RetryParked on a feed never touched = %v, %v; want false", ok, err)
+	}
+	if n, err := e.h.Store.CollectTombstones(e.ctx, e.feed); err != nil || n != 0 {
+		t.Fatalf("CollectTombstones on a feed never touched = %d, %v; want 0", n, err)
+	}
+	e.wantUnknown("a feed only read", e.feed)
+
+	// A registered sink makes a feed never written known, at generation 1
+	// and head 0; removing it makes the feed unknown again.
+	id := e.sink("s")
+	l := e.acquire(id)
+	d := e.describe(e.feed)
+	if d.Feed != e.feed || d.Generation != 1 || d.Head != 0 || len(d.Sinks) != 1 || d.Sinks[0].Sink != id.Sink {
+		t.Errorf("Describe of a feed never written with one registered sink = %+v; want generation 1, head 0, sink %s", d, id.Sink)
+	}
+	if err := l.Release(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.h.Store.RemoveSink(e.ctx, id); err != nil || !ok {
+		t.Fatalf("RemoveSink = %v, %v; want true", ok, err)
+	}
+	e.wantUnknown("a feed never written whose one sink was removed", e.feed)
+
+	// A write, or a rebuild alone, records the feed for good.
+	written := uniqueFeed(t)
+	e.write(written, feed.Put("a", doc(`1`)))
+	if d := e.describe(written); d.Head != 1 || len(d.Sinks) != 0 {
+		t.Errorf("Describe of a written feed with no sink = %+v; want head 1, no sink", d)
+	}
+	if e.h.Rebuild != nil {
+		rebuilt := uniqueFeed(t)
+		if _, err := e.h.Rebuild(e.ctx, rebuilt); err != nil {
+			t.Fatalf("Rebuild: %v", err)
+		}
+		if d := e.describe(rebuilt); d.Generation != 2 || d.Head != 0 || len(d.Sinks) != 0 {
+			t.Errorf("Describe of a feed only rebuilt = %+v; want generation 2, head 0, no sink", d)
+		}
 	}
 }
 
@@ -805,9 +891,7 @@ func syncBadInput(t *testing.T, e *env) {
 		_, err = st.Describe(e.ctx, feed.FeedName(bad))
 		wantInvalid(t, "Describe of a feed name "+name, err, "feed name")
 	}
-	if d := e.describe(e.feed); len(d.Sinks) != 0 {
-		t.Errorf("refused calls registered sinks: %+v", d.Sinks)
-	}
+	e.wantUnknown("after refused calls, which must register no sink", e.feed)
 
 	id := e.sink("s")
 	l := e.acquire(id)

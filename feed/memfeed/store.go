@@ -42,6 +42,10 @@ type Store struct {
 
 // feedState is one feed: its rows, its sinks and its lock.
 type feedState struct {
+	// recorded says the feed's generation and head are recorded, as a
+	// committed write or reset records them (pgfeed's generations row):
+	// with a registered sink, what makes the feed known to Describe.
+	recorded   bool
 	generation feed.Generation
 	head       feed.Seq // highest seq of a committed row
 	rows       map[feed.Key]row
@@ -300,6 +304,7 @@ func (tx *Tx) Commit() error {
 			fs.head = tf.head
 		}
 		if len(tf.writes) > 0 || tf.reset {
+			fs.recorded = true
 			fs.wake()
 		}
 	}

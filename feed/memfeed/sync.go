@@ -257,7 +257,8 @@ func (s *Store) RemoveSink(_ context.Context, id feed.SinkID) (bool, error) {
 	return true, nil
 }
 
-// Describe reports f for an operator; see feed.Description.
+// Describe reports f for an operator, or refuses a feed it does not know;
+// see feed.SyncStore and feed.Description.
 func (s *Store) Describe(_ context.Context, f feed.FeedName) (feed.Description, error) {
 	if err := f.Validate(); err != nil {
 		return feed.Description{}, err
@@ -265,6 +266,9 @@ func (s *Store) Describe(_ context.Context, f feed.FeedName) (feed.Description, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fs := s.feedLocked(f)
+	if !fs.recorded && len(fs.sinks) == 0 {
+		return feed.Description{}, &feed.UnknownFeedError{Feed: f}
+	}
 	d := feed.Description{Feed: f, Generation: fs.generation, Head: fs.head}
 	for _, name := range slices.Sorted(maps.Keys(fs.sinks)) {
 		st := fs.sinks[name]

@@ -153,3 +153,80 @@ func TestOptionsRefused(t *testing.T) {
 		t.Fatalf("err = %v, want an InvalidError naming lease.heartbeat", err)
 	}
 }
+
+// RetryParked takes the feed lock as a writer does: while a writer's
+// transaction is open it waits (here until its short context ends), and
+// after the commit its restamp lands above the writer's seqs, never beside
+// them.
+func TestRetryParkedWaitsForTheFeedLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newStore(t)
+	id := feed.SinkID{Feed: "f", Sink: "s"}
+	if _, err := s.WriteCommitted(ctx, id.Feed, []feed.Change{feed.Put("p", doc(`1`))}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.AcquireLease(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(ctx) }()
+	if err := s.CASCursor(ctx, feed.CursorMove{ID: id, Holder: l.Holder(), Next: feed.Cursor{Generation: 1, Seq: 1},
+		Parked: feed.ParkChange{Park: []feed.ParkedRecord{{Key: "p", Seq: 1, Reason: "no", ParkedAt: time.Now()}}}}); err != nil {
+		t.Fatal(err)
+	}
+	tx := s.Begin()
+	defer tx.Rollback()
+	w, err := s.Write(ctx, tx, id.Feed, []feed.Change{feed.Put("w", doc(`2`))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if ok, err := s.RetryParked(short, id, "p"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("RetryParked while a writer's transaction is open = %v, %v; want it to wait for the feed lock until its context ends", ok, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.RetryParked(ctx, id, "p"); err != nil || !ok {
+		t.Fatalf("RetryParked after the commit = %v, %v; want true", ok, err)
+	}
+	b, err := s.ReadBatch(ctx, id.Feed, w.Last, feed.BatchLimit{Records: 10})
+	if err != nil || len(b.Records) != 1 || b.Records[0].Key != "p" || b.Records[0].Seq <= w.Last {
+		t.Fatalf("after the writer's seq %d the feed holds %+v (%v); want the retried p above it", w.Last, b.Records, err)
+	}
+}
+
+// A rebuild's commit wakes the feed's subscribers, as a write's does, so an
+// idle worker starts its resync at once.
+func TestResetWakes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newStore(t)
+	if _, err := s.WriteCommitted(ctx, "f", []feed.Change{feed.Put("a", doc(`1`))}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := s.Subscribe(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	select {
+	case <-sub.C():
+	default:
+	}
+	tx := s.Begin()
+	defer tx.Rollback()
+	if _, err := tx.ResetFeed(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.C():
+	default:
+		t.Fatal("a rebuild's commit woke no subscriber")
+	}
+}

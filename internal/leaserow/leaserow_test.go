@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,11 +75,20 @@ func start(t *testing.T, ctx context.Context, opts feed.LeaseOptions, r *row) (*
 		t.Fatal(err)
 	}
 	clock := feedtest.NewManualClock(t0)
+	// The lease's context ends when the test does, and the release is
+	// bounded: a renewal a broken engine left hanging then ends with it, and
+	// a failing test fails with its message instead of waiting forever.
+	ctx, cancel := context.WithCancel(ctx)
 	l := leaserow.Start(ctx, leaserow.Config{
 		ID: feed.SinkID{Feed: "f", Sink: "s"}, Holder: "h", Timings: timings, Clock: clock, TakenAt: t0,
 		Renew: r.renew, Clear: r.clear, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	t.Cleanup(func() {
+		rctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = l.Release(rctx)
+	})
+	t.Cleanup(cancel) // runs first
 	if err := clock.WaitForTimers(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -297,4 +307,74 @@ func TestFirstTickArmedByStart(t *testing.T) {
 	}
 	clock.Skip(timings.Usable())
 	wantHeld(t, l, false)
+}
+
+// A renewal that lands late restarts the age from when it STARTED, not from
+// when it landed: the expiry it wrote was stamped at its start (plus ttl),
+// so that is when a rival may take the row again, however slowly the answer
+// came back.
+func TestSlowRenewalCountsFromItsStart(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	slow := o.Heartbeat / 2
+	r.then(func(context.Context) (bool, error) {
+		clock.Skip(slow) // the answer comes back half a heartbeat later
+		return true, nil
+	})
+	tick(t, clock, r, o.Heartbeat)
+	started := t0.Add(o.Heartbeat)
+	clock.Skip(started.Add(o.Usable() - time.Nanosecond).Sub(clock.Now()))
+	wantHeld(t, l, true)
+	clock.Skip(time.Nanosecond)
+	wantHeld(t, l, false) // ttl − margin after the renewal started, though it landed later
+}
+
+// A lease a renewal found taken stays lost, whatever later renewals answer.
+func TestLostStaysLost(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
+	r.then(taken) // then held again, as no real row can answer
+	tick(t, clock, r, o.Heartbeat)
+	wantHeld(t, l, false)
+	tick(t, clock, r, o.Heartbeat)
+	wantHeld(t, l, false)
+}
+
+// Release waits for a renewal in flight before it clears the row, so that no
+// renewal of this holder runs after Release returned.
+func TestReleaseWaitsForTheRenewalInFlight(t *testing.T) {
+	t.Parallel()
+	r := newRow()
+	o := feed.LeaseOptions{TTL: 2 * time.Second, Heartbeat: 400 * time.Millisecond, Margin: 800 * time.Millisecond}
+	l, clock, o := start(t, context.Background(), o, r)
+	var inFlight atomic.Int32
+	began := make(chan struct{})
+	r.then(func(ctx context.Context) (bool, error) {
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		close(began)
+		<-ctx.Done() // held up until the heartbeat's bound cuts it
+		return false, ctx.Err()
+	})
+	clock.Advance(o.Heartbeat)
+	select {
+	case <-began:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal after a heartbeat")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := inFlight.Load(); n != 0 {
+		t.Fatalf("Release returned with %d renewal in flight", n)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cleared != 1 {
+		t.Fatalf("cleared %d times, want 1", r.cleared)
+	}
 }
