@@ -49,10 +49,10 @@ func (w *cursorWaiters) signalAll() {
 
 // SubscribeCursors returns a subscription signalled after every cursor move
 // of a sink of f that lands, from any process on this database and this
-// schema and prefix; see feed.CursorWatcher. It registers as Subscribe does
-// (see listener.register), so it fails at once while the listener is down,
-// and the waiter then polls. Behind a transaction pooler no notification arrives
-// (the listener warns); waiters then only poll.
+// schema and prefix; see feed.CursorWatcher. It shares Subscribe's listener
+// and its rules: it fails at once while the listener is down, and the waiter
+// then polls. Behind a transaction pooler no notification arrives (the
+// listener warns); waiters then only poll.
 func (s *Store) SubscribeCursors(ctx context.Context, f feed.FeedName) (feed.Subscription, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err

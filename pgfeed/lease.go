@@ -42,7 +42,8 @@ func newHolder(kind string) feed.LeaseHolder {
 }
 
 // AcquireLease takes the lease of id, of the kind the store was built with;
-// see feed.SyncStore.
+// see feed.SyncStore. It is for implementers (see the package doc): syncer's
+// workers take their leases with it.
 func (s *Store) AcquireLease(ctx context.Context, id feed.SinkID) (feed.Lease, error) {
 	if err := id.Validate(); err != nil {
 		return nil, err

@@ -53,7 +53,8 @@ var (
 // check writes nothing and raises no error on a missing table, so a pgx.Tx
 // given as db stays usable whatever it finds. With Options.AdvisoryLock set
 // it also checks that pool: a pool recognisably behind a transaction pooler
-// is refused (see checkSessionPool), which needs one more round trip.
+// is refused (the package doc's # Leases says how it is recognised), which
+// needs one more round trip.
 func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, feed.Invalid("db", "must not be nil")

@@ -24,7 +24,9 @@ func unrefuse(err error) error {
 	return nil
 }
 
-// ReadCursor returns id's cursor; see feed.SyncStore.
+// ReadCursor returns id's cursor; see feed.SyncStore. Operators see cursors
+// in Describe; this is the driver's read (see the package doc, "For
+// implementers").
 func (s *Store) ReadCursor(ctx context.Context, id feed.SinkID) (feed.Cursor, error) {
 	if err := id.Validate(); err != nil {
 		return feed.Cursor{}, err
@@ -45,7 +47,14 @@ func (s *Store) ReadCursor(ctx context.Context, id feed.SinkID) (feed.Cursor, er
 
 // CASCursor makes the fenced move m in one transaction: the guarded move,
 // then its park changes, which a lost guard rolls back with it (a move without
-// park changes is its one statement); see feed.CursorMove and statements.cas.
+// park changes is its one statement); see feed.CursorMove. The move also
+// checks, in the same statement, that the feed has been where it moves to:
+// a generation the feed has moved past loses as superseded, a seq above the
+// head or a generation ahead of the feed is refused as invalid. Each landed
+// move notifies cursor waiters (SubscribeCursors).
+//
+// CASCursor is for implementers (see the package doc): syncer's workers call
+// it.
 func (s *Store) CASCursor(ctx context.Context, m feed.CursorMove) error {
 	if err := m.Validate(); err != nil {
 		return err
@@ -211,7 +220,8 @@ func (s *Store) RetryParked(ctx context.Context, id feed.SinkID, key feed.Key) (
 var errNotParked = errors.New("not parked")
 
 // CollectTombstones deletes the tombstones every registered sink has passed,
-// in one statement; see feed.SyncStore and statements.collect.
+// in one statement, so against one snapshot of the cursors; see
+// feed.SyncStore.
 func (s *Store) CollectTombstones(ctx context.Context, f feed.FeedName) (int, error) {
 	if err := f.Validate(); err != nil {
 		return 0, err
@@ -272,8 +282,9 @@ func (s *Store) RemoveSink(ctx context.Context, id feed.SinkID) (bool, error) {
 }
 
 // Describe reports f for an operator, or refuses a feed it does not know
-// (statements.describeFeed); see feed.SyncStore and feed.Description. It is
-// three reads, each its own snapshot.
+// (no generations row and no registered sink, judged in one statement); see
+// feed.SyncStore and feed.Description. It is three reads, each its own
+// snapshot.
 func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description, error) {
 	if err := f.Validate(); err != nil {
 		return feed.Description{}, err
