@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -71,25 +70,13 @@ func TestNewRefusesUnmigratedSchema(t *testing.T) {
 	s.Close()
 }
 
-// closedPort returns an address on 127.0.0.1 nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // TestNewUnreachable: a database that does not answer fails New with an
 // UnreadableError saying what New was doing, and Migrate with a
 // MigrationFailedError, not a feed write failure; neither repeats the
 // password or the URL.
 func TestNewUnreachable(t *testing.T) {
 	t.Parallel()
-	url := "postgres://kairos:hunter2-very-secret@" + closedPort(t) + "/app?connect_timeout=2"
+	url := "postgres://kairos:hunter2-very-secret@" + pgtest.ClosedPort(t) + "/app?connect_timeout=2"
 	pool, err := pgxpool.New(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package pgread_test
 
 import (
 	"errors"
-	"net"
 	"os"
 	"strings"
 	"testing"
@@ -63,11 +62,7 @@ func TestConstructorsRefuseUnmigratedSchema(t *testing.T) {
 // none repeats the password.
 func TestConstructorsUnreachable(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	mustf(t, err, "listen")
-	addr := l.Addr().String()
-	l.Close()
-	pool, err := pgxpool.New(t.Context(), "postgres://kairos:hunter2-very-secret@"+addr+"/app?connect_timeout=2")
+	pool, err := pgxpool.New(t.Context(), "postgres://kairos:hunter2-very-secret@"+pgtest.ClosedPort(t)+"/app?connect_timeout=2")
 	mustf(t, err, "pool")
 	defer pool.Close()
 	ctx := ctxFor(t, 10*time.Second)

@@ -177,15 +177,6 @@ func (b *lockedBuffer) String() string {
 // a later poll and a write then reaches the sink on its wake-up, the clock
 // standing still.
 func TestListenerDown(t *testing.T) {
-	closedPort := func(t *testing.T) string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
-		return addr
-	}
 	silent := func(t *testing.T) string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -235,7 +226,7 @@ func TestListenerDown(t *testing.T) {
 				return nil, ctx.Err()
 			}
 		}},
-		{"closed port", func(t *testing.T) func(ctx context.Context) (*pgx.Conn, error) { return connectTo(closedPort(t)) }},
+		{"closed port", func(t *testing.T) func(ctx context.Context) (*pgx.Conn, error) { return connectTo(pgtest.ClosedPort(t)) }},
 		{"never answers", func(t *testing.T) func(ctx context.Context) (*pgx.Conn, error) { return connectTo(silent(t)) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {

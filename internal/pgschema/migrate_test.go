@@ -3,7 +3,6 @@ package pgschema_test
 import (
 	"context"
 	"errors"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -111,24 +110,12 @@ func TestCheckKeepsTransactionUsable(t *testing.T) {
 	}
 }
 
-// closedPort returns an address on 127.0.0.1 nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // TestUnreachable: a server that cannot be reached is an UnreadableError for
 // the check and a MigrationFailedError (not a feed write failure) for Apply,
 // and neither repeats the password or the URL.
 func TestUnreachable(t *testing.T) {
 	t.Parallel()
-	url := "postgres://kairos:hunter2-very-secret@" + closedPort(t) + "/app?connect_timeout=2"
+	url := "postgres://kairos:hunter2-very-secret@" + pgtest.ClosedPort(t) + "/app?connect_timeout=2"
 	pool, err := pgxpool.New(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -94,4 +95,18 @@ func Schema(t testing.TB) string {
 		}
 	})
 	return name
+}
+
+// ClosedPort returns an address on 127.0.0.1 that nothing listens on (a port
+// the kernel handed out a moment ago and that was let go again), for tests of
+// a server that cannot be reached.
+func ClosedPort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }
