@@ -128,8 +128,9 @@ func validKey(field, s string) error {
 	return nil
 }
 
-// CleanReason makes s a park reason: one clean line that the reason rule
-// (validReason) accepts, whatever a sink's error text holds. It is the one
+// CleanReason makes s a park reason: one clean line that CursorMove.Validate
+// accepts (valid UTF-8 without NUL, at most MaxReasonLen bytes), whatever a
+// sink's error text holds. It is the one
 // home of that cleaning; the driver passes every rejection's reason through
 // it before it parks a record, so a rejection is never itself refused, and a
 // parked list shows one line per record in a log, a terminal or a table.
