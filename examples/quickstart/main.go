@@ -33,7 +33,9 @@ func main() {
 	defer cancel()
 	dir, err := os.MkdirTemp("", "kairos-quickstart-")
 	if err == nil {
+		fmt.Fprintf(out, "the sink's directory: %s (removed at exit)\n", dir)
 		err = run(ctx, os.Getenv("KAIROS_DATABASE_URL"), dir)
+		_ = os.RemoveAll(dir)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
