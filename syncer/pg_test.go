@@ -226,7 +226,9 @@ func TestListenerDown(t *testing.T) {
 				return nil, ctx.Err()
 			}
 		}},
-		{"closed port", func(t *testing.T) func(ctx context.Context) (*pgx.Conn, error) { return connectTo(pgtest.ClosedPort(t)) }},
+		{"closed port", func(t *testing.T) func(ctx context.Context) (*pgx.Conn, error) {
+			return connectTo(pgtest.ClosedPort(t))
+		}},
 		{"never answers", func(t *testing.T) func(ctx context.Context) (*pgx.Conn, error) { return connectTo(silent(t)) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
