@@ -250,7 +250,7 @@ func (s *Store) RemoveSink(ctx context.Context, id feed.SinkID) (bool, error) {
 			return err
 		}
 		if !locked {
-			return errRefused{&feed.LeaseHeldError{ID: id}}
+			return s.refuseRemove(ctx, tx, id)
 		}
 		tag, err := tx.Exec(ctx, s.sql.removeCursor, string(id.Feed), string(id.Sink), s.now())
 		if err != nil {
@@ -262,7 +262,7 @@ func (s *Store) RemoveSink(ctx context.Context, id feed.SinkID) (bool, error) {
 				return err
 			}
 			if left > 0 {
-				return errRefused{&feed.LeaseHeldError{ID: id}}
+				return s.refuseRemove(ctx, tx, id)
 			}
 		}
 		parked, err := tx.Exec(ctx, s.sql.removeParked, string(id.Feed), string(id.Sink))
@@ -364,4 +364,15 @@ func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description
 		d.Sinks[i].Parked = bySink[d.Sinks[i].Sink]
 	}
 	return d, nil
+}
+
+// refuseRemove is RemoveSink's refusal: a *feed.LeaseHeldError naming the
+// holder and expiry recorded on the sink's row, read in the same
+// transaction, so an operator learns who holds the sink and until when.
+func (s *Store) refuseRemove(ctx context.Context, tx pgx.Tx, id feed.SinkID) error {
+	held, err := s.leaseHeld(ctx, tx, id)
+	if err != nil {
+		return err
+	}
+	return errRefused{held}
 }

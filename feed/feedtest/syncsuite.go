@@ -724,6 +724,8 @@ func syncRemoveSink(t *testing.T, e *env) {
 	var held *feed.LeaseHeldError
 	if ok || !errors.Is(err, feed.ErrLeaseHeld) || !errors.As(err, &held) || held.ID != id {
 		t.Errorf("RemoveSink while the lease is held = %v, %v; want a *feed.LeaseHeldError", ok, err)
+	} else if held.Holder != a.Holder() || held.ExpiresAt.IsZero() {
+		t.Errorf("RemoveSink's refusal names holder %q expiring at %v; want %q and its expiry, so an operator learns who holds the sink", held.Holder, held.ExpiresAt, a.Holder())
 	}
 	if d := e.describe(e.feed); len(d.Sinks) != 1 || len(d.Sinks[0].Parked) != 1 {
 		t.Errorf("after a refused RemoveSink, Describe = %+v; want the sink and its park kept", d.Sinks)

@@ -251,7 +251,7 @@ func (s *Store) RemoveSink(_ context.Context, id feed.SinkID) (bool, error) {
 		return false, nil
 	}
 	if st.live(s.clock.Now()) {
-		return false, &feed.LeaseHeldError{ID: id}
+		return false, &feed.LeaseHeldError{ID: id, Holder: st.holder, ExpiresAt: st.expires}
 	}
 	delete(fs.sinks, id.Sink)
 	return true, nil
