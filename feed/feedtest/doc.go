@@ -179,8 +179,9 @@
 //     tombstone's seq, so an older document does not bring a deleted key
 //     back.
 //   - ConcurrentApply (likewise): an older and a newer batch racing on the
-//     same keys, round after round, end with the newer version of every key
-//     whichever lands last; the older one's tombstones delete nothing.
+//     same keys, round after round, from Sink and a reopened sink, end with
+//     the newer version of every key whichever lands last; the older one's
+//     tombstones delete nothing.
 //   - Rejection (when the harness has a RejectKey): a refused record comes
 //     back as a feed.Rejection with its key, seq and a reason, not an error,
 //     and the rest of the batch is applied, resyncs included.

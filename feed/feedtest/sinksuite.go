@@ -52,7 +52,9 @@ type SinkHarness struct {
 	Fault func(t *testing.T) (restore func())
 	// Reopen returns a new sink over the same target, as after a process
 	// restart, so RunSink can check that OpenResync for a generation a crashed
-	// resync left half-filled starts clean. nil: RunSink uses Sink again.
+	// resync left half-filled starts clean. RunSink also races Apply calls of
+	// Sink and of a reopened sink, as a stale worker and its rival in two
+	// processes would. nil: RunSink uses Sink again.
 	Reopen func(t *testing.T) feed.Sink
 }
 
@@ -68,6 +70,9 @@ func RunSink(t *testing.T, newSink func(t *testing.T) SinkHarness) {
 			h := newSink(t)
 			if h.Sink == nil || h.Contents == nil {
 				t.Fatal("feedtest: the sink harness has no Sink or no Contents")
+			}
+			if h.MaxDocumentBytes < 0 {
+				t.Fatalf("feedtest: the sink harness's MaxDocumentBytes is %d; 0 means no limit", h.MaxDocumentBytes)
 			}
 			f(t, &sinkEnv{t: t, ctx: t.Context(), h: h})
 		})
@@ -602,7 +607,11 @@ func sinkResyncAfterCrash(t *testing.T, s *sinkEnv) {
 		again = s.h.Reopen(t)
 	}
 	s.want("after a resync crashed", map[string]string{"live": `"live"`})
-	r2, err := again.OpenResync(s.ctx, 3)
+	// Bounded: a crashed resync that left a lock behind must fail here with a
+	// message, not hang the test.
+	ctx, cancel := context.WithTimeout(s.ctx, faultCallTimeout)
+	r2, err := again.OpenResync(ctx, 3)
+	cancel()
 	if err != nil {
 		t.Fatalf("OpenResync of the crashed resync's generation: %v", err)
 	}
@@ -645,6 +654,10 @@ func sinkConcurrentApply(t *testing.T, s *sinkEnv) {
 	// after round (keys of their own each): the higher seq wins every key,
 	// whichever lands last. The lower one's tombstones delete nothing.
 	const rounds, keys = 12, 16
+	sinks := []feed.Sink{s.h.Sink, s.h.Sink}
+	if s.h.Reopen != nil {
+		sinks[1] = s.h.Reopen(t)
+	}
 	want := map[string]string{}
 	for round := range rounds {
 		var low, high []feed.Record
@@ -663,9 +676,10 @@ func sinkConcurrentApply(t *testing.T, s *sinkEnv) {
 		errs := make([]error, 2)
 		gate := make(chan struct{})
 		for j, batch := range [][]feed.Record{low, high} {
+			sink := sinks[(j+round)%2] // each handle older in turn
 			wg.Go(func() {
 				<-gate
-				rej, err := s.h.Sink.Apply(s.ctx, batch)
+				rej, err := sink.Apply(s.ctx, batch)
 				if err == nil && len(rej) != 0 {
 					err = fmt.Errorf("rejections %v", rej)
 				}
