@@ -229,7 +229,7 @@ func (s *faultySink) checkThenWrite(records []feed.Record) ([]feed.Rejection, er
 		}
 	}
 	s.t.mu.Unlock()
-	time.Sleep(time.Millisecond)
+	time.Sleep(5 * time.Millisecond) // long enough for the rival to check too
 	s.t.mu.Lock()
 	defer s.t.mu.Unlock()
 	for _, r := range pass {

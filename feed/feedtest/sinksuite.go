@@ -531,69 +531,83 @@ func sinkPublishAtomic(t *testing.T, s *sinkEnv) {
 	if !s.h.AtomicPublish {
 		t.Skip("the sink does not publish a resync at once")
 	}
-	const n = 100
-	oldCopy, newCopy := map[string]string{}, map[string]string{}
-	var oldBatch, newBatch []feed.Record
-	for i := range n { // half the keys in both copies, with other documents
-		k := fmt.Sprintf("old-%03d", i)
-		oldCopy[k] = fmt.Sprintf(`{"copy":"old","i":%d}`, i)
-		oldBatch = append(oldBatch, feed.Record{Key: feed.Key(k), Seq: feed.Seq(i + 1), Doc: doc(oldCopy[k])})
-		if i >= n/2 {
-			k = fmt.Sprintf("new-%03d", i)
+	// Round after round, a resync replaces the live copy: half the keys
+	// carried over with other documents, half new. Each round two readers
+	// read in a loop from before Publish starts until after it returns, and
+	// every read must be the old copy or the new one, whole.
+	const rounds, n, readers = 4, 100, 2
+	copyOf := func(round int) (map[string]string, []feed.Record) {
+		docs := map[string]string{}
+		var batch []feed.Record
+		for i := range n {
+			k := fmt.Sprintf("k-%03d", i+round*n/2)
+			docs[k] = fmt.Sprintf(`{"round":%d,"i":%d}`, round, i)
+			batch = append(batch, feed.Record{Key: feed.Key(k), Seq: feed.Seq(round*n + i + 1), Doc: doc(docs[k])})
 		}
-		newCopy[k] = fmt.Sprintf(`{"copy":"new","i":%d}`, i)
-		newBatch = append(newBatch, feed.Record{Key: feed.Key(k), Seq: feed.Seq(n + i + 1), Doc: doc(newCopy[k])})
+		return docs, batch
 	}
-	s.apply("the old copy", oldBatch...)
-	r := s.open(1)
-	s.applyTo("the new copy", r, newBatch...)
+	live, batch := copyOf(0)
+	s.apply("the first copy", batch...)
+	for round := 1; round <= rounds; round++ {
+		fresh, batch := copyOf(round)
+		r := s.open(feed.Generation(round))
+		s.applyTo("a new copy", r, batch...)
 
-	// A reader reads in a loop from before Publish starts until after it
-	// returns: every read is one copy or the other, whole.
-	started, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var reads, mixed int
-	var firstBad string
-	var readErr error
-	go func() {
-		defer close(done)
-		for {
-			got, err := s.h.Contents(s.ctx)
-			if err != nil {
-				readErr = err
-				return
-			}
-			if reads++; reads == 1 {
-				close(started)
-			}
-			if d := contentsDiff(got, oldCopy); d != "" && contentsDiff(got, newCopy) != "" {
-				if mixed++; mixed == 1 {
-					firstBad = fmt.Sprintf("%d keys, against the old copy:%s", len(got), d)
+		var mu sync.Mutex
+		var reads, mixed int
+		var firstBad string
+		var readErr error
+		started, stop := make(chan struct{}, readers), make(chan struct{})
+		var wg sync.WaitGroup
+		for range readers {
+			wg.Go(func() {
+				for first := true; ; first = false {
+					got, err := s.h.Contents(s.ctx)
+					mu.Lock()
+					if err != nil {
+						readErr = err
+						mu.Unlock()
+						if first {
+							started <- struct{}{}
+						}
+						return
+					}
+					reads++
+					if d := contentsDiff(got, live); d != "" && contentsDiff(got, fresh) != "" {
+						if mixed++; mixed == 1 {
+							firstBad = fmt.Sprintf("%d keys, against the old copy:%s", len(got), d)
+						}
+					}
+					mu.Unlock()
+					if first {
+						started <- struct{}{}
+					}
+					select {
+					case <-stop:
+						return // this read began after Publish returned
+					default:
+					}
 				}
-			}
-			select {
-			case <-stop:
-				return // this read began after Publish returned
-			default:
-			}
+			})
 		}
-	}()
-	select {
-	case <-started:
-	case <-done:
+		for range readers {
+			<-started
+		}
+		err := r.Publish(s.ctx)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("round %d: Publish: %v", round, err)
+		}
+		if readErr != nil {
+			t.Fatalf("round %d: a reader during Publish: Contents: %v", round, readErr)
+		}
+		if mixed != 0 {
+			t.Fatalf("round %d: %d of %d reads during Publish saw neither copy whole; the first: %s", round, mixed, reads, firstBad)
+		}
+		s.want("after Publish", fresh)
+		live = fresh
 	}
-	err := r.Publish(s.ctx)
-	close(stop)
-	<-done
-	if err != nil {
-		t.Fatalf("Publish: %v", err)
-	}
-	if readErr != nil {
-		t.Fatalf("a reader during Publish: Contents: %v", readErr)
-	}
-	if mixed != 0 {
-		t.Errorf("%d of %d reads during Publish saw neither copy whole; the first: %s", mixed, reads, firstBad)
-	}
-	s.want("after Publish", newCopy)
 }
 
 func sinkResyncAfterCrash(t *testing.T, s *sinkEnv) {
@@ -675,8 +689,11 @@ func sinkConcurrentApply(t *testing.T, s *sinkEnv) {
 		var wg sync.WaitGroup
 		errs := make([]error, 2)
 		gate := make(chan struct{})
-		for j, batch := range [][]feed.Record{low, high} {
-			sink := sinks[(j+round)%2] // each handle older in turn
+		for n := range 2 {
+			// Each round swaps which handle sends the older batch, and
+			// which call starts first, so no scheduling order is favoured.
+			j := (n + round/2) % 2
+			batch, sink := [][]feed.Record{low, high}[j], sinks[(j+round)%2]
 			wg.Go(func() {
 				<-gate
 				rej, err := sink.Apply(s.ctx, batch)
