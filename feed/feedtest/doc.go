@@ -164,9 +164,9 @@
 //     over leave everything.
 //   - ResyncInvisibleUntilPublish: a resync target is invisible until
 //     Publish, which replaces the whole copy (keys the resync lacks vanish).
-//   - PublishAtomic (when the harness says AtomicPublish): a reader reading
-//     in a loop while Publish runs sees the old copy or the new one, whole,
-//     never a mix or an empty copy.
+//   - PublishAtomic (when the harness says AtomicPublish): over four
+//     resyncs in a row, two readers reading in a loop while Publish runs see
+//     the old copy or the new one, whole, never a mix or an empty copy.
 //   - ResyncTombstones: tombstones in a resync stream leave their keys out.
 //   - AbortKeepsLive: Abort leaves the live copy, and a later resync starts
 //     empty.
