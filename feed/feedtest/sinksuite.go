@@ -48,7 +48,9 @@ type SinkHarness struct {
 	// receiver answering 503 or dropping connections) until restore is
 	// called. RunSink then wants Apply, a resync's Apply and Publish to
 	// return an error, never a rejection, and the same batch applied again
-	// after restore to leave everything in place. nil skips that subtest.
+	// after restore to leave everything in place. Each call under the fault
+	// is bounded (a timeout is the error it wants), and RunSink calls restore
+	// once, also when the subtest fails first. nil skips that subtest.
 	Fault func(t *testing.T) (restore func())
 	// Reopen returns a new sink over the same target, as after a process
 	// restart, so RunSink can check that OpenResync for a generation a crashed
