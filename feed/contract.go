@@ -159,6 +159,11 @@ type Lease interface {
 // A batch holds records of distinct keys in ascending seq order, tombstones
 // included (nil Doc). Apply upserts each document under its key and deletes
 // each tombstone's key; deleting a key the sink does not have is no error.
+// Keys are stored byte for byte: keys that differ only in case, trailing
+// spaces or Unicode normal form are different documents, and no character is
+// a separator or a wildcard. A document reads back as the same JSON value,
+// numbers included, however the target spells it (key order, whitespace and
+// number spelling may change; a number beyond float64 may not round).
 // Applying the same batch again changes nothing: after a fault or a lease
 // change the worker sends again what the sink may already have taken. Record
 // documents may share buffers with the rest of the batch (see Record); a sink
@@ -188,8 +193,10 @@ type Lease interface {
 // (a SQL upsert WHERE the stored seq is lower, a server-side script, an
 // external version) should: it keeps each key's seq beside its document,
 // tombstones included, and ignores a record whose seq is below the stored
-// one, so even that stale call cannot bring back an older version. A sink that
-// cannot says so in its package doc.
+// one, so even that stale call cannot bring back an older version. The stale
+// call and the rival's may run at the same moment, so the comparison and the
+// write are one step on the target, never a read followed by a write. A sink
+// that cannot keep the guard says so in its package doc.
 type Sink interface {
 	Apply(ctx context.Context, records []Record) ([]Rejection, error)
 	// OpenResync opens a fresh, empty copy of the sink for generation (1 or

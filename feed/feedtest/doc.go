@@ -26,8 +26,12 @@
 //
 // A sink's test calls RunSink with a function that returns a fresh, empty sink
 // against its real server (an index, table or key prefix of its own) and a
-// SinkHarness: how to read what it serves, whether its writes are conditional
-// on seq, and a key it was configured to reject.
+// SinkHarness: how to read what it serves, which optional parts of the sink
+// contract it keeps (the seq guard, atomic publish), a key it was configured
+// to reject, its document size limit, how to make its server unreachable and
+// how to reopen it as a restarted process would. A sink with several
+// execution paths runs RunSink once per path; the subtests are short, so
+// they can run against the real server in parallel.
 //
 // # Why the suites can fail
 //
@@ -137,13 +141,47 @@
 //   - Upsert, Delete, DeleteAbsent: a record's document is stored under its
 //     key, a tombstone deletes it, deleting an absent key is no error.
 //   - IdempotentReapply: applying a batch again changes nothing.
+//   - AwkwardKeys: keys round-trip byte for byte, live and through a resync:
+//     '.', '/', ':', '*', '>', '%' and escapes, quotes, a backslash, tabs and
+//     newlines, leading and trailing spaces, emoji and other non-ASCII, keys
+//     differing only in case or Unicode normal form, and keys of
+//     feed.MaxKeyLen bytes differing only in their last byte; deleting and
+//     rewriting every other one touches exactly those.
+//   - Documents: nested and deeply nested documents, unicode (escaped or
+//     not, surrogate pairs, control characters), bare scalars and, when
+//     MaxDocumentBytes allows, two 1 MiB documents in one batch read back
+//     equal (JSONEqual), live and through a resync.
+//   - NumericEdges: numbers at the edges of what a feed accepts (PostgreSQL
+//     numeric's range: 131072 digits before the point, 16383 after it) and
+//     past int64 and float64 read back as the same values.
+//   - OversizedDocument (when MaxDocumentBytes is set, at most 16 MiB): a
+//     document a byte over the limit is a rejection of that record with a
+//     reason, never an error, and the rest of its batch is applied, resyncs
+//     included; a document of exactly the limit is stored.
+//   - FaultIsError (when the harness has a Fault): while the server is gone,
+//     Apply, a resync's Apply and Publish return errors, never rejections;
+//     after it is back, the failed batch applied again and the resync started
+//     over leave everything.
 //   - ResyncInvisibleUntilPublish: a resync target is invisible until
 //     Publish, which replaces the whole copy (keys the resync lacks vanish).
+//   - PublishAtomic (when the harness says AtomicPublish): over four
+//     resyncs in a row, two readers reading in a loop while Publish runs see
+//     the old copy or the new one, whole, never a mix or an empty copy.
 //   - ResyncTombstones: tombstones in a resync stream leave their keys out.
 //   - AbortKeepsLive: Abort leaves the live copy, and a later resync starts
 //     empty.
+//   - ResyncAfterCrash: a resync left half-filled, neither published nor
+//     aborted, leaves the live copy alone, and OpenResync of the same
+//     generation from a reopened sink (Reopen) starts it empty.
 //   - ConditionalOnSeq (when the harness says so): an older seq, document or
 //     tombstone, does not replace a newer document.
+//   - ConditionalOnSeqAfterDelete (likewise): the guard remembers a
+//     tombstone's seq, so an older document does not bring a deleted key
+//     back.
+//   - ConcurrentApply (likewise): an older and a newer batch racing on the
+//     same keys, round after round, from Sink and a reopened sink, end with
+//     the newer version of every key whichever lands last; the older one's
+//     tombstones delete nothing.
 //   - Rejection (when the harness has a RejectKey): a refused record comes
 //     back as a feed.Rejection with its key, seq and a reason, not an error,
 //     and the rest of the batch is applied, resyncs included.

@@ -53,6 +53,9 @@ func TestRunSinkOnMemfeed(t *testing.T) {
 			},
 			ConditionalOnSeq: true,
 			RejectKey:        reject,
+			AtomicPublish:    true, // Publish swaps one map for another
+			// No MaxDocumentBytes, Fault or Reopen: memfeed has no size
+			// limit, no server to lose and nothing outlives the process.
 		}
 	})
 }
