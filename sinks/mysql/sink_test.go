@@ -386,6 +386,48 @@ func TestReopenAfterCrash(t *testing.T) {
 	}
 }
 
+// TestAbortDropsShadow: Abort leaves the database as it found it, the live
+// table alone.
+func TestAbortDropsShadow(t *testing.T) {
+	t.Parallel()
+	s, _, admin, table := newTestSink(t)
+	r, err := s.OpenResync(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Apply(t.Context(), []feed.Record{rec("a", 1, `1`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Abort(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := tablesOf(t, admin, table); len(got) != 1 || got[0] != table {
+		t.Errorf("tables after Abort: %v, want only %s", got, table)
+	}
+}
+
+// TestNotStrict: a session whose sql_mode would cut long values is refused.
+func TestNotStrict(t *testing.T) {
+	t.Parallel()
+	admin := adminDB(t)
+	table := tableName(t, admin)
+	dsn := testDSN() + "?sql_mode=%27NO_ENGINE_SUBSTITUTION%27"
+	if strings.Contains(testDSN(), "?") {
+		dsn = testDSN() + "&sql_mode=%27NO_ENGINE_SUBSTITUTION%27"
+	}
+	s, err := Open(t.Context(), dsn, Options{Table: table, Create: true})
+	if err == nil {
+		s.Close()
+		t.Fatal("a session without a strict sql_mode was accepted")
+	}
+	if !strings.Contains(err.Error(), "sql_mode") {
+		t.Errorf("the refusal does not name sql_mode: %v", err)
+	}
+	if got := tablesOf(t, admin, table); len(got) != 0 {
+		t.Errorf("tables created by a refused Open: %v", got)
+	}
+}
+
 // TestBadInput: every input a caller can get wrong is refused naming it,
 // before anything is written; a DSN's password is never repeated.
 func TestBadInput(t *testing.T) {
