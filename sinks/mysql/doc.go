@@ -67,6 +67,10 @@
 //     NOT NULL column the user added. The statement that held it is then
 //     replayed one row at a time, to find which.
 //
+// max_allowed_packet is read once, by New: a server whose limit is lowered
+// afterwards refuses the larger statements as faults, until a new sink reads
+// the new limit.
+//
 // Errors, the whole batch retried: everything else. Connections refused or
 // lost, timeouts, deadlocks and lock waits, a missing table, the server's
 // other faults.
