@@ -13,7 +13,7 @@
 //	  `seq` BIGINT NOT NULL,
 //	  `doc` LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
 //	  PRIMARY KEY (`key`),
-//	  CONSTRAINT `orders_doc_json` CHECK (`doc` IS NULL OR JSON_VALID(`doc`))
+//	  CHECK (`doc` IS NULL OR JSON_VALID(`doc`))
 //	) ENGINE=InnoDB
 //
 // The key is bytes, compared as bytes: every utf8mb4 collation the two
@@ -66,6 +66,10 @@
 //     long or of the wrong type for a column the user narrowed or added, a
 //     NOT NULL column the user added. The statement that held it is then
 //     replayed one row at a time, to find which.
+//
+// New over a pool of the caller's assumes its driver takes packets as large
+// as the server does (the driver's default, 64 MiB, is MySQL 8's and more
+// than MariaDB's); Open uses the smaller of the two.
 //
 // max_allowed_packet is read once, by New: a server whose limit is lowered
 // afterwards refuses the larger statements as faults, until a new sink reads
