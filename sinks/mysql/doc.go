@@ -65,7 +65,7 @@
 //     nested more than 32 levels, or a constraint of the user's), a value too
 //     long or of the wrong type for a column the user narrowed or added, a
 //     NOT NULL column the user added. The statement that held it is then
-//     replayed one row at a time, to find which.
+//     halved, again and again, until each refused row stands alone.
 //
 // New over a pool of the caller's assumes its driver takes packets as large
 // as the server does (the driver's default, 64 MiB, is MySQL 8's and more

@@ -158,16 +158,42 @@ func TestMaxDocument(t *testing.T) {
 
 // TestDeepDocumentRejected: a document nested deeper than the server's JSON
 // parser allows fails the table's JSON_VALID check, which is a rejection of
-// that record, the rest of the batch applied.
+// that record, the rest of the batch applied; so is a key the table's own
+// constraint refuses, however many of them a batch holds.
 func TestDeepDocumentRejected(t *testing.T) {
 	t.Parallel()
 	s, _, admin, table := newTestSink(t)
 	deep := strings.Repeat("[", 120) + strings.Repeat("]", 120)
-	rej, err := s.Apply(t.Context(), []feed.Record{rec("a", 1, `1`), rec("deep", 2, deep), rec("b", 3, `3`)})
-	if err != nil || len(rej) != 1 || rej[0].Key != "deep" || rej[0].Seq != 2 {
-		t.Fatalf("Apply = %v, %v; want one rejection of deep@2", rej, err)
+	var batch []feed.Record
+	want := map[string]string{}
+	bad := map[int]bool{0: true, 3: true, 41: true, 42: true, 99: true}
+	for i := range 100 {
+		k, d := fmt.Sprintf("k%d", i), fmt.Sprint(i)
+		switch {
+		case i == 42:
+			k = string(rejectKey)
+		case bad[i]:
+			d = deep
+		default:
+			want[k] = d
+		}
+		batch = append(batch, rec(k, feed.Seq(i+1), d))
 	}
-	wantDocs(t, "after a deep document", admin, table, map[string]string{"a": `1`, "b": `3`})
+	rej, err := s.Apply(t.Context(), batch)
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	got := map[feed.Seq]bool{}
+	for _, r := range rej {
+		got[r.Seq] = true
+		if !bad[int(r.Seq)-1] || r.Reason == "" {
+			t.Errorf("rejection %+v is not of a bad record", r)
+		}
+	}
+	if len(rej) != len(bad) || len(got) != len(bad) {
+		t.Errorf("%d rejections, want %d: %+v", len(rej), len(bad), rej)
+	}
+	wantDocs(t, "after a batch with bad records", admin, table, want)
 }
 
 // TestTombstoneGuard: a delete remembers its seq, so an older upsert that
