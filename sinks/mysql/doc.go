@@ -61,8 +61,8 @@
 //     with the longest key leaves of the server's max_allowed_packet (read by
 //     New): such a row cannot be sent at all;
 //   - a row the server refuses for its own sake, by error number: a CHECK
-//     constraint (the JSON check, which on MariaDB also refuses documents
-//     nested more than 32 levels, or a constraint of the user's), a value too
+//     constraint (the JSON check, which on MariaDB 10.11 also refuses documents
+//     nested 32 levels deep or more, or a constraint of the user's), a value too
 //     long or of the wrong type for a column the user narrowed or added, a
 //     NOT NULL column the user added. The statement that held it is then
 //     halved, again and again, until each refused row stands alone.

@@ -389,6 +389,7 @@ func recordLevel(err error) bool {
 		1406, // ER_DATA_TOO_LONG: a key longer than the table's column
 		3140, // ER_INVALID_JSON_TEXT (MySQL's JSON column)
 		3146, // ER_INVALID_TYPE_FOR_JSON
+		3157, // ER_JSON_DOCUMENT_TOO_DEEP (MySQL)
 		3819, // ER_CHECK_CONSTRAINT_VIOLATED (MySQL)
 		4025: // ER_CONSTRAINT_FAILED (MariaDB)
 		return true
