@@ -37,9 +37,9 @@ type Options struct {
 	// NoJSONCheck leaves the CHECK (JSON_VALID(doc)) out of a table Create
 	// makes. The check guarantees readers the column holds JSON, but the
 	// server's JSON parser refuses documents nested deeper than it allows
-	// (MariaDB 10.11 refuses 32 levels or more, MySQL 8 more than 100), which the sink then
-	// rejects; documents reach the sink already validated by the feed.
-	// Defaults to false (the check is made).
+	// (MariaDB 10.11 refuses 32 levels or more, MySQL 8 more than 100),
+	// which the sink then rejects, while the feed already validated every
+	// document it sends. Defaults to false (the check is made).
 	NoJSONCheck bool
 }
 
