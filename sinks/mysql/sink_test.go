@@ -538,3 +538,22 @@ func wantInvalid(t *testing.T, what string, err error, field string) {
 		t.Errorf("%s: %v, want an *feed.InvalidError naming %s", what, err, field)
 	}
 }
+
+// TestNoJSONCheck: a table made without the JSON check stores a document
+// nested deeper than the server's JSON parser allows.
+func TestNoJSONCheck(t *testing.T) {
+	t.Parallel()
+	admin := adminDB(t)
+	table := tableName(t, admin)
+	dsn, _ := faultDSN(t)
+	s, err := Open(t.Context(), dsn, Options{Table: table, Create: true, NoJSONCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	deep := strings.Repeat("[", 120) + strings.Repeat("]", 120)
+	if rej, err := s.Apply(t.Context(), []feed.Record{rec("deep", 1, deep)}); err != nil || len(rej) != 0 {
+		t.Fatalf("Apply = %v, %v", rej, err)
+	}
+	wantDocs(t, "after a deep document", admin, table, map[string]string{"deep": deep})
+}
