@@ -21,21 +21,22 @@ import (
 // their own, as a user's table might: a real refusal by the server.
 const rejectKey feed.Key = "rejected/by a CHECK"
 
-// newHarness builds a sink over a fresh table that refuses rejectKey.
-//
-// Once feedtest.SinkHarness has the fields the sink suite is gaining, this
-// harness fills them: AtomicPublish true (RENAME TABLE swaps both names at
-// once), MaxDocumentBytes s.MaxDocumentBytes(), Fault link.Down (close the
-// sink's connections and send new ones to a closed port), Reopen a second
-// sink over the same table (reopen below). TestAtomicPublish, TestFault,
-// TestMaxDocument and TestReopenAfterCrash prove each of them meanwhile.
+// newHarness builds a sink over a fresh table that refuses rejectKey:
+// RENAME TABLE swaps both names at once (AtomicPublish), the largest
+// document is what max_allowed_packet leaves room for, a fault closes the
+// sink's connections and sends new ones to a closed port, and a reopened
+// sink is a second one over the same table.
 func newHarness(t *testing.T) feedtest.SinkHarness {
-	s, _, admin, table := newTestSink(t)
+	s, link, admin, table := newTestSink(t)
 	return feedtest.SinkHarness{
 		Sink:             s,
 		Contents:         func(ctx context.Context) (map[feed.Key]json.RawMessage, error) { return contents(ctx, admin, table) },
 		ConditionalOnSeq: true,
 		RejectKey:        rejectKey,
+		AtomicPublish:    true,
+		MaxDocumentBytes: s.MaxDocumentBytes(),
+		Fault:            func(*testing.T) func() { return link.Down() },
+		Reopen:           func(t *testing.T) feed.Sink { return reopen(t, table) },
 	}
 }
 
