@@ -1,0 +1,502 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// Delivery types, the "type" of every body.
+const (
+	TypeApply         = "apply"
+	TypeResyncBegin   = "resync.begin"
+	TypeResyncApply   = "resync.apply"
+	TypeResyncPublish = "resync.publish"
+	TypeResyncAbort   = "resync.abort"
+)
+
+// ErrUnavailable: the receiver did not take a delivery, for a reason of its
+// own or of the network (see "Answers" in the package doc). The worker
+// retries the batch later.
+var ErrUnavailable = errors.New("webhook: receiver unavailable")
+
+// DeliveryError is a delivery that failed as a whole. It matches
+// ErrUnavailable. Its text holds no secret of the URL.
+type DeliveryError struct {
+	Type string // the delivery's type
+	ID   string // its webhook-id
+	URL  string // redacted
+	// Status is the receiver's answer, 0 when it gave none (network, timeout).
+	Status int
+	// RetryAfter is what the receiver's Retry-After asked for (429, 503), 0
+	// when it did not say: the earliest the worker should send again.
+	RetryAfter time.Duration
+	// Excerpt is the start of the answer's body, cleaned and redacted.
+	Excerpt string
+	Err     error
+}
+
+func (e *DeliveryError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: %s delivery %s to %s", ErrUnavailable, e.Type, e.ID, e.URL)
+	if e.Status != 0 {
+		fmt.Fprintf(&b, ": answered %d %s", e.Status, http.StatusText(e.Status))
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, "; retry after %v", e.RetryAfter)
+	}
+	if e.Excerpt != "" {
+		fmt.Fprintf(&b, ": %q", e.Excerpt)
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, ": %v", e.Err)
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrUnavailable.
+func (e *DeliveryError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the cause.
+func (e *DeliveryError) Unwrap() error { return e.Err }
+
+// excerptLen bounds the body excerpt of an error or a park reason.
+const excerptLen = 256
+
+// maxAnswerBytes bounds what is read of a 2xx answer (its rejection list).
+const maxAnswerBytes = 8 << 20
+
+// Sink POSTs a feed's records to a receiver; see the package doc.
+type Sink struct {
+	c      *config
+	client *http.Client
+	// generation is the last generation this value published, for the
+	// "generation" of incremental deliveries; 0 before the first.
+	generation atomic.Int64
+	closed     atomic.Bool
+}
+
+// New validates opts and checks that the receiver's address is allowed and
+// accepts a TCP connection (DNS, the SSRF guard, the port), without sending
+// an HTTP request: a receiver need not answer anything but deliveries.
+func New(ctx context.Context, opts Options) (*Sink, error) {
+	c, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	d := c.dialer()
+	tr := &http.Transport{
+		Proxy:                 nil, // a proxy would be dialled instead of the receiver, past the guard
+		DialContext:           d.DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          16,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   c.Timeout,
+		ResponseHeaderTimeout: c.Timeout,
+	}
+	s := &Sink{c: c, client: &http.Client{
+		Transport: tr,
+		// Redirects are never followed: a redirect could lead past the
+		// guard's reasons (a public name answering with a private one is
+		// still dialled through the guard, but a receiver moved is a
+		// configuration to fix, not to follow silently).
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+	port := c.url.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[c.url.Scheme]
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "tcp", net.JoinHostPort(c.url.Hostname(), port))
+	if err != nil {
+		tr.CloseIdleConnections()
+		return nil, &DeliveryError{Type: "connection check", URL: c.display, Err: c.redact.err(err, c.display)}
+	}
+	_ = conn.Close()
+	return s, nil
+}
+
+// Close ends the sink's idle connections. Safe to call more than once.
+func (s *Sink) Close() error {
+	s.closed.Store(true)
+	s.client.CloseIdleConnections()
+	return nil
+}
+
+// Apply delivers records as one or more "apply" deliveries; see the package
+// doc for what a rejection and an error are.
+func (s *Sink) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
+	return s.deliverRecords(ctx, envelope{Type: TypeApply, Generation: feed.Generation(s.generation.Load())}, records)
+}
+
+// OpenResync announces a fresh copy for generation with a resync.begin
+// delivery; see the package doc.
+func (s *Sink) OpenResync(ctx context.Context, generation feed.Generation) (feed.ResyncTarget, error) {
+	if generation < feed.FirstGeneration {
+		return nil, feed.Invalid("generation", "is %d; generations start at 1", generation)
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	r := &resync{s: s, env: envelope{Type: TypeResyncApply, Generation: generation, Resync: "rs_" + hex.EncodeToString(b[:])}}
+	begin := r.env
+	begin.Type = TypeResyncBegin
+	if _, err := s.deliver(ctx, begin, nil); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+type resync struct {
+	s    *Sink
+	env  envelope
+	mu   sync.Mutex
+	done bool
+}
+
+var errTargetClosed = errors.New("webhook: the resync target was already published or aborted")
+
+func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done {
+		return nil, errTargetClosed
+	}
+	return r.s.deliverRecords(ctx, r.env, records)
+}
+
+func (r *resync) Publish(ctx context.Context) error {
+	return r.end(ctx, TypeResyncPublish)
+}
+
+func (r *resync) Abort(ctx context.Context) error {
+	return r.end(ctx, TypeResyncAbort)
+}
+
+func (r *resync) end(ctx context.Context, typ string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done {
+		if typ == TypeResyncAbort {
+			return nil
+		}
+		return errTargetClosed
+	}
+	env := r.env
+	env.Type = typ
+	if _, err := r.s.deliver(ctx, env, nil); err != nil {
+		return err
+	}
+	r.done = true
+	if typ == TypeResyncPublish {
+		r.s.generation.Store(int64(r.env.Generation))
+	}
+	return nil
+}
+
+// envelope is a delivery's body but its records.
+type envelope struct {
+	Type       string
+	Generation feed.Generation
+	Resync     string
+}
+
+// encoded is one record's JSON in a body.
+type encoded struct {
+	rec  feed.Record
+	json []byte
+}
+
+// deliverRecords splits records into deliveries that each stay under the
+// body limit and sends them in order, stopping at the first error.
+func (s *Sink) deliverRecords(ctx context.Context, env envelope, records []feed.Record) ([]feed.Rejection, error) {
+	if s.closed.Load() {
+		return nil, errors.New("webhook: the sink is closed")
+	}
+	var rejs []feed.Rejection
+	var part []encoded
+	size := len(s.header(env)) + 2
+	room := s.c.MaxBodyBytes - size
+	used := 0
+	flush := func() error {
+		if len(part) == 0 {
+			return nil
+		}
+		r, err := s.deliver(ctx, env, part)
+		rejs = append(rejs, r...)
+		part, used = part[:0:0], 0
+		return err
+	}
+	for _, rec := range records {
+		j := encodeRecord(rec)
+		if len(j) > room {
+			rejs = append(rejs, feed.Rejection{Key: rec.Key, Seq: rec.Seq, Reason: fmt.Sprintf(
+				"webhook: the record's JSON is %d bytes, more than the %d a delivery of webhook.max_body_bytes %d has room for", len(j), room, s.c.MaxBodyBytes)})
+			continue
+		}
+		if used+len(j)+1 > room {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		part = append(part, encoded{rec: rec, json: j})
+		used += len(j) + 1
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return rejs, nil
+}
+
+// encodeRecord is one record's JSON: {"key","seq","doc"} or
+// {"key","seq","deleted":true}. The document is a feed document, valid JSON,
+// so it goes in as it is.
+func encodeRecord(r feed.Record) []byte {
+	k, _ := json.Marshal(string(r.Key))
+	b := make([]byte, 0, len(k)+len(r.Doc)+48)
+	b = append(b, `{"key":`...)
+	b = append(b, k...)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendInt(b, int64(r.Seq), 10)
+	if r.Doc == nil {
+		return append(b, `,"deleted":true}`...)
+	}
+	b = append(b, `,"doc":`...)
+	b = append(b, r.Doc...)
+	return append(b, '}')
+}
+
+// header is a body up to its records array's opening bracket.
+func (s *Sink) header(env envelope) []byte {
+	b := []byte(`{"type":"` + env.Type + `","feed":`)
+	f, _ := json.Marshal(string(s.c.Feed))
+	k, _ := json.Marshal(string(s.c.Sink))
+	b = append(b, f...)
+	b = append(b, `,"sink":`...)
+	b = append(b, k...)
+	if env.Generation > 0 {
+		b = append(b, `,"generation":`...)
+		b = strconv.AppendInt(b, int64(env.Generation), 10)
+	}
+	if env.Resync != "" {
+		b = append(b, `,"resync":"`+env.Resync+`"`...)
+	}
+	return append(b, `,"records":[`...)
+}
+
+// deliveryID is a delivery's webhook-id: a hash of what the delivery is, so
+// that every retry of it carries the same id (see "Delivery ids" in the
+// package doc).
+func (s *Sink) deliveryID(env envelope, part []encoded) string {
+	h := sha256.New()
+	w := func(v string) { h.Write([]byte(v)); h.Write([]byte{0}) }
+	w("kairos-webhook/1")
+	w(string(s.c.Feed))
+	w(string(s.c.Sink))
+	if env.Type == TypeApply {
+		w("apply") // seqs are unique in a feed across generations: no generation
+	} else {
+		w(env.Type)
+		w(env.Resync)
+	}
+	if len(part) > 0 {
+		w(strconv.FormatInt(int64(part[0].rec.Seq), 10))
+		w(strconv.FormatInt(int64(part[len(part)-1].rec.Seq), 10))
+	}
+	return "msg_" + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// sign returns the webhook-signature header for id, ts and body: one
+// "v1,<base64>" per secret, space-separated.
+func (s *Sink) sign(id, ts string, body []byte) string {
+	sigs := make([]string, len(s.c.keys))
+	for i, key := range s.c.keys {
+		sigs[i] = "v1," + signature(key, id, ts, body)
+	}
+	return strings.Join(sigs, " ")
+}
+
+// signature is Standard Webhooks' v1 signature: the base64 HMAC-SHA256 of
+// "id.timestamp.body".
+func signature(key []byte, id, ts string, body []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(id))
+	m.Write([]byte{'.'})
+	m.Write([]byte(ts))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// answer is a 2xx body.
+type answer struct {
+	Rejected []Rejected `json:"rejected"`
+}
+
+// Rejected is a receiver's refusal of one record, listed in a 2xx answer.
+type Rejected struct {
+	Key    feed.Key `json:"key"`
+	Reason string   `json:"reason"`
+}
+
+// deliver sends one delivery and reads its answer (see "Answers" in the
+// package doc).
+func (s *Sink) deliver(ctx context.Context, env envelope, part []encoded) ([]feed.Rejection, error) {
+	body := s.header(env)
+	for i, e := range part {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, e.json...)
+	}
+	body = append(body, "]}"...)
+	id := s.deliveryID(env, part)
+	fail := func(status int, excerpt string, retry time.Duration, err error) error {
+		return &DeliveryError{Type: env.Type, ID: id, URL: s.c.display, Status: status, Excerpt: excerpt, RetryAfter: retry, Err: err}
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.c.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.c.url.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, fail(0, "", 0, s.c.redact.err(err, s.c.display))
+	}
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "kairos-webhook/1")
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", ts)
+	req.Header.Set("webhook-signature", s.sign(id, ts, body))
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, fail(0, "", 0, s.c.redact.err(err, s.c.display))
+	}
+	defer resp.Body.Close()
+	st := resp.StatusCode
+	if st >= 200 && st < 300 {
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
+		if err != nil {
+			return nil, fail(st, "", 0, fmt.Errorf("reading the answer: %w", s.c.redact.err(err, s.c.display)))
+		}
+		return s.rejections(env, id, part, raw)
+	}
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, 4*excerptLen))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // reuse the connection
+	excerpt := s.excerpt(head)
+	if parks(st) && len(part) > 0 {
+		reason := fmt.Sprintf("webhook: the receiver refused the delivery %s with %d %s", id, st, http.StatusText(st))
+		if excerpt != "" {
+			reason += ": " + excerpt
+		}
+		rejs := make([]feed.Rejection, len(part))
+		for i, e := range part {
+			rejs[i] = feed.Rejection{Key: e.rec.Key, Seq: e.rec.Seq, Reason: reason}
+		}
+		return rejs, nil
+	}
+	return nil, fail(st, excerpt, retryAfter(resp.Header.Get("Retry-After"), time.Now()), nil)
+}
+
+// parks says whether a status other than 2xx parks a delivery's records:
+// a 4xx that speaks of the delivery. 408 and 429 ask to come back later;
+// 401, 403, 404, 405, 407, 410 and 421 speak of the endpoint or its
+// credentials, which every batch would meet, so parking on them would empty
+// the feed into the parked list while a receiver is misconfigured.
+func parks(status int) bool {
+	if status < 400 || status >= 500 {
+		return false
+	}
+	switch status {
+	case 401, 403, 404, 405, 407, 408, 410, 421, 425, 429:
+		return false
+	}
+	return true
+}
+
+// rejections reads a 2xx answer's rejection list.
+func (s *Sink) rejections(env envelope, id string, part []encoded, raw []byte) ([]feed.Rejection, error) {
+	if len(bytes.TrimSpace(raw)) == 0 || len(part) == 0 {
+		return nil, nil
+	}
+	var a answer
+	if err := json.Unmarshal(raw, &a); err != nil {
+		// Not a rejection list: the receiver took the delivery.
+		s.c.Logger.Debug("webhook receiver answered a body that is not a rejection list; taken as applied", "id", id, "url", s.c.display)
+		return nil, nil
+	}
+	if len(a.Rejected) == 0 {
+		return nil, nil
+	}
+	seqs := make(map[feed.Key]feed.Seq, len(part))
+	for _, e := range part {
+		seqs[e.rec.Key] = e.rec.Seq
+	}
+	out := make([]feed.Rejection, 0, len(a.Rejected))
+	for _, r := range a.Rejected {
+		seq, ok := seqs[r.Key]
+		if !ok {
+			return nil, &DeliveryError{Type: env.Type, ID: id, URL: s.c.display, Status: 200,
+				Err: fmt.Errorf("the answer rejects key %q, which the delivery did not carry", s.c.redact.text(string(r.Key)))}
+		}
+		reason := s.c.redact.text(r.Reason)
+		if reason == "" {
+			reason = "rejected by the receiver, which gave no reason"
+		}
+		out = append(out, feed.Rejection{Key: r.Key, Seq: seq, Reason: feed.CleanReason("webhook: " + reason)})
+	}
+	return out, nil
+}
+
+// excerpt is a body's start as an error or a reason shows it: redacted,
+// cleaned to one line, at most excerptLen bytes.
+func (s *Sink) excerpt(b []byte) string {
+	t := feed.CleanReason(s.c.redact.text(string(b)))
+	if len(t) <= excerptLen {
+		return t
+	}
+	cut := excerptLen
+	for cut > 0 && !utf8.RuneStart(t[cut]) {
+		cut--
+	}
+	return t[:cut] + "…"
+}
+
+// maxRetryAfter caps what a receiver's Retry-After can ask for.
+const maxRetryAfter = time.Hour
+
+// retryAfter reads a Retry-After header: seconds or an HTTP date; 0 when
+// absent or unreadable.
+func retryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		d = time.Duration(min(n, int64(maxRetryAfter/time.Second))) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now).Round(time.Second)
+	}
+	return max(0, min(d, maxRetryAfter))
+}
