@@ -51,6 +51,7 @@ type receiver struct {
 	applied map[string]int                // deliveries applied per id
 	writes  []write                       // live writes, in order
 	fault   func(w http.ResponseWriter) bool
+	observe func(deliverySeen) // called, under mu, with every verified delivery
 	hdrs    []http.Header
 	bodies  [][]byte
 }
@@ -96,6 +97,9 @@ func (rc *receiver) receive(_ context.Context, d webhook.Delivery) ([]webhook.Re
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	rc.ids[d.ID]++
+	if rc.observe != nil {
+		rc.observe(deliverySeen{typ: d.Type, records: d.Records})
+	}
 	if a, ok := rc.answers[d.ID]; ok {
 		return a, nil // a repeat: the first answer again
 	}
@@ -190,4 +194,9 @@ func standardVerify(secret string, h http.Header, body []byte) error {
 		}
 	}
 	return fmt.Errorf("no signature matches")
+}
+
+type deliverySeen struct {
+	typ     string
+	records []feed.Record
 }
