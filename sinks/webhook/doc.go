@@ -72,7 +72,10 @@
 //     credentials are wrong, which every batch would meet; parking on them
 //     would move the whole feed into the parked list during a
 //     misconfiguration.
-//   - Every other 4xx (400, 409, 413, 422, …): the receiver refuses the
+//   - 413 to a delivery of several records: the receiver's body limit is
+//     below Options.MaxBodyBytes, so the delivery is halved and each half
+//     sent, down to single records; a 413 to one record parks it.
+//   - Every other 4xx (400, 409, 422, …): the receiver refuses the
 //     delivery's records, each parked with the status and a cleaned excerpt
 //     of the body (at most 256 bytes).
 //   - No answer (refused, reset, Options.Timeout or the worker's deadline

@@ -74,7 +74,7 @@ func (r redactor) text(s string) string {
 // err replaces err by one whose text holds no secret: a *url.Error (which
 // repeats the request's URL) shows the redacted URL, and any other text is
 // cut by text. It keeps the chain for errors.Is where it can.
-func (r redactor) err(err error, display string) error {
+func (r redactor) err(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
@@ -83,7 +83,6 @@ func (r redactor) err(err error, display string) error {
 	if clean := r.text(msg); clean != msg {
 		return errors.New(clean)
 	}
-	_ = display
 	return err
 }
 

@@ -130,7 +130,7 @@ func New(ctx context.Context, opts Options) (*Sink, error) {
 	conn, err := d.DialContext(dctx, "tcp", net.JoinHostPort(c.url.Hostname(), port))
 	if err != nil {
 		tr.CloseIdleConnections()
-		return nil, &DeliveryError{Type: "connection check", URL: c.display, Err: c.redact.err(err, c.display)}
+		return nil, &DeliveryError{Type: "connection check", URL: c.display, Err: c.redact.err(err)}
 	}
 	_ = conn.Close()
 	return s, nil
@@ -377,7 +377,7 @@ func (s *Sink) deliver(ctx context.Context, env envelope, part []encoded) ([]fee
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.c.url.String(), bytes.NewReader(body))
 	if err != nil {
-		return nil, fail(0, "", 0, s.c.redact.err(err, s.c.display))
+		return nil, fail(0, "", 0, s.c.redact.err(err))
 	}
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
@@ -387,20 +387,33 @@ func (s *Sink) deliver(ctx context.Context, env envelope, part []encoded) ([]fee
 	req.Header.Set("webhook-signature", s.sign(id, ts, body))
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return nil, fail(0, "", 0, s.c.redact.err(err, s.c.display))
+		return nil, fail(0, "", 0, s.c.redact.err(err))
 	}
 	defer resp.Body.Close()
 	st := resp.StatusCode
 	if st >= 200 && st < 300 {
 		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 		if err != nil {
-			return nil, fail(st, "", 0, fmt.Errorf("reading the answer: %w", s.c.redact.err(err, s.c.display)))
+			return nil, fail(st, "", 0, fmt.Errorf("reading the answer: %w", s.c.redact.err(err)))
 		}
 		return s.rejections(env, id, part, raw)
 	}
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, 4*excerptLen))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // reuse the connection
 	excerpt := s.excerpt(head)
+	if st == http.StatusRequestEntityTooLarge && len(part) > 1 {
+		// The receiver's body limit is below ours: halve the delivery until
+		// each piece fits, so only a record too large alone is parked.
+		// Each half has its own first and last seq, hence its own id.
+		_ = resp.Body.Close()
+		half := len(part) / 2
+		first, err := s.deliver(ctx, env, part[:half])
+		if err != nil {
+			return nil, err
+		}
+		rest, err := s.deliver(ctx, env, part[half:])
+		return append(first, rest...), err
+	}
 	if parks(st) && len(part) > 0 {
 		reason := fmt.Sprintf("webhook: the receiver refused the delivery %s with %d %s", id, st, http.StatusText(st))
 		if excerpt != "" {

@@ -516,3 +516,96 @@ func TestVerifyTimestamp(t *testing.T) {
 		t.Errorf("an unsigned POST was answered %d, want 401", resp.StatusCode)
 	}
 }
+
+// TestReceiverBodyLimit: a receiver whose body limit is below the sink's
+// answers 413; the sink halves the delivery until the pieces fit and parks
+// only the record too large alone.
+func TestReceiverBodyLimit(t *testing.T) {
+	rc := newReceiver(t)
+	srv, url := rc.serve(t)
+	h, err := webhook.NewHandler([]string{testSecret}, webhook.HandlerOptions{MaxBodyBytes: 2000}, rc.receive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Config.Handler = h
+	s := newSink(t, opts(url))
+	var batch []feed.Record
+	for i := range 16 {
+		batch = append(batch, rec(fmt.Sprintf("k%02d", i), feed.Seq(i+1), `"`+strings.Repeat("p", 300)+`"`))
+	}
+	batch[5] = rec("big", 6, `"`+strings.Repeat("x", 3000)+`"`)
+	rejs, err := s.Apply(t.Context(), batch)
+	if err != nil || len(rejs) != 1 || rejs[0].Key != "big" || !strings.Contains(rejs[0].Reason, "413") {
+		t.Fatalf("Apply = %+v, %v; want only the big record parked with 413", rejs, err)
+	}
+	if got, _ := rc.contents(t.Context()); len(got) != 15 {
+		t.Errorf("the receiver holds %d documents, want 15", len(got))
+	}
+}
+
+// TestFaultAndReopen is what the extended suite's Fault and Reopen fields
+// will ask, until they exist: while the receiver answers 503 or drops
+// connections, Apply, a resync's Apply and Publish are errors, never
+// rejections, and the same batch after the fault leaves everything; a new
+// sink over the same URL opening a resync for a generation a crashed one
+// left half-filled starts it empty.
+func TestFaultAndReopen(t *testing.T) {
+	for _, fault := range []string{"503", "drop"} {
+		t.Run(fault, func(t *testing.T) {
+			rc := newReceiver(t)
+			_, url := rc.serve(t)
+			s := newSink(t, opts(url))
+			r, err := s.OpenResync(t.Context(), 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc.setFault(func(w http.ResponseWriter) bool {
+				if fault == "503" {
+					http.Error(w, "down", http.StatusServiceUnavailable)
+				} else if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					_ = conn.Close()
+				}
+				return true
+			})
+			batch := []feed.Record{rec("a", 1, `1`), rec("b", 2, `2`)}
+			if rejs, err := s.Apply(t.Context(), batch); err == nil || len(rejs) != 0 {
+				t.Errorf("Apply under the fault = %v, %v; want an error", rejs, err)
+			}
+			if rejs, err := r.Apply(t.Context(), batch); err == nil || len(rejs) != 0 {
+				t.Errorf("resync Apply under the fault = %v, %v; want an error", rejs, err)
+			}
+			if err := r.Publish(t.Context()); err == nil {
+				t.Error("Publish under the fault succeeded")
+			}
+			rc.setFault(nil)
+			if rejs, err := s.Apply(t.Context(), batch); err != nil || len(rejs) != 0 {
+				t.Fatalf("Apply after the fault = %v, %v", rejs, err)
+			}
+			if got, _ := rc.contents(t.Context()); len(got) != 2 {
+				t.Errorf("after the fault the receiver holds %v", got)
+			}
+			// A crash half-way through a resync of generation 3, then a
+			// new process.
+			half, err := s.OpenResync(t.Context(), 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := half.Apply(t.Context(), []feed.Record{rec("stale", 3, `3`)}); err != nil {
+				t.Fatal(err)
+			}
+			again, err := newSink(t, opts(url)).OpenResync(t.Context(), 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := again.Apply(t.Context(), []feed.Record{rec("fresh", 4, `4`)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := again.Publish(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := rc.contents(t.Context()); len(got) != 1 || got["fresh"] == nil {
+				t.Errorf("after the reopened resync the receiver holds %v, want only fresh", got)
+			}
+		})
+	}
+}
