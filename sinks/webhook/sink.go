@@ -160,7 +160,7 @@ func (s *Sink) OpenResync(ctx context.Context, generation feed.Generation) (feed
 	r := &resync{s: s, env: envelope{Type: TypeResyncApply, Generation: generation, Resync: "rs_" + hex.EncodeToString(b[:])}}
 	begin := r.env
 	begin.Type = TypeResyncBegin
-	if _, err := s.deliver(ctx, begin, nil); err != nil {
+	if _, err := s.deliver(ctx, begin, s.header(begin), nil); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -203,7 +203,7 @@ func (r *resync) end(ctx context.Context, typ string) error {
 	}
 	env := r.env
 	env.Type = typ
-	if _, err := r.s.deliver(ctx, env, nil); err != nil {
+	if _, err := r.s.deliver(ctx, env, r.s.header(env), nil); err != nil {
 		return err
 	}
 	r.done = true
@@ -220,46 +220,62 @@ type envelope struct {
 	Resync     string
 }
 
-// encoded is one record's JSON in a body.
-type encoded struct {
-	rec  feed.Record
-	json []byte
-}
-
 // deliverRecords splits records into deliveries that each stay under the
-// body limit and sends them in order, stopping at the first error.
+// body limit and sends them in order, stopping at the first error. Each
+// record is encoded once, straight into the body of its delivery.
 func (s *Sink) deliverRecords(ctx context.Context, env envelope, records []feed.Record) ([]feed.Rejection, error) {
 	if s.closed.Load() {
 		return nil, errors.New("webhook: the sink is closed")
 	}
+	header := s.header(env)
+	limit := s.c.MaxBodyBytes - len(closing) // what header and records may take
+	estimate := len(header) + len(closing)
+	for _, r := range records {
+		estimate += len(r.Key) + len(r.Doc) + 48
+	}
+	newBody := func() []byte {
+		b := getBuffer(min(estimate, s.c.MaxBodyBytes))
+		return append(b, header...)
+	}
 	var rejs []feed.Rejection
-	var part []encoded
-	size := len(s.header(env)) + 2
-	room := s.c.MaxBodyBytes - size
-	used := 0
+	body, part := newBody(), []span(nil)
 	flush := func() error {
 		if len(part) == 0 {
 			return nil
 		}
-		r, err := s.deliver(ctx, env, part)
+		r, err := s.deliver(ctx, env, body, part)
 		rejs = append(rejs, r...)
-		part, used = part[:0:0], 0
+		body, part = nil, nil
 		return err
 	}
 	for _, rec := range records {
-		j := encodeRecord(rec)
-		if len(j) > room {
-			rejs = append(rejs, feed.Rejection{Key: rec.Key, Seq: rec.Seq, Reason: fmt.Sprintf(
-				"webhook: the record's JSON is %d bytes, more than the %d a delivery of webhook.max_body_bytes %d has room for", len(j), room, s.c.MaxBodyBytes)})
+		if body == nil {
+			body = newBody()
+		}
+		mark := len(body)
+		if len(part) > 0 {
+			body = append(body, ',')
+		}
+		start := len(body)
+		body = appendRecord(body, rec)
+		if len(body) <= limit {
+			part = append(part, span{rec: rec, start: start, end: len(body)})
 			continue
 		}
-		if used+len(j)+1 > room {
-			if err := flush(); err != nil {
-				return nil, err
-			}
+		size := len(body) - start
+		body = body[:mark]
+		if len(header)+size > limit {
+			rejs = append(rejs, feed.Rejection{Key: rec.Key, Seq: rec.Seq, Reason: fmt.Sprintf(
+				"webhook: the record's JSON is %d bytes, more than a delivery of webhook.max_body_bytes %d has room for (%d)", size, s.c.MaxBodyBytes, limit-len(header))})
+			continue
 		}
-		part = append(part, encoded{rec: rec, json: j})
-		used += len(j) + 1
+		if err := flush(); err != nil {
+			return nil, err
+		}
+		body = newBody()
+		start = len(body)
+		body = appendRecord(body, rec)
+		part = append(part, span{rec: rec, start: start, end: len(body)})
 	}
 	if err := flush(); err != nil {
 		return nil, err
@@ -267,14 +283,51 @@ func (s *Sink) deliverRecords(ctx context.Context, env envelope, records []feed.
 	return rejs, nil
 }
 
-// encodeRecord is one record's JSON: {"key","seq","doc"} or
+// buffers keeps delivery bodies between calls: a body is as large as a
+// batch's documents, and allocating one per delivery made the collector the
+// sink's largest cost.
+var buffers sync.Pool
+
+func getBuffer(n int) []byte {
+	if b, ok := buffers.Get().(*[]byte); ok && cap(*b) >= n {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, n)
+}
+
+// pooledBody is a request body that says when the transport is done with
+// it: the transport closes a request's body once it has sent it or given up,
+// which may be after Do returned.
+type pooledBody struct {
+	*bytes.Reader
+	closed atomic.Bool
+}
+
+func (p *pooledBody) Close() error { p.closed.Store(true); return nil }
+
+// release gives buf back to the pool once its request body is closed, and
+// drops it otherwise (the transport may still read it).
+func release(p *pooledBody, buf []byte) {
+	if p.closed.Load() && cap(buf) <= 2*DefaultMaxBodyBytes {
+		buffers.Put(&buf)
+	}
+}
+
+// closing ends a body after its records.
+const closing = "]}"
+
+// span is one record of a delivery and where its JSON lies in the body.
+type span struct {
+	rec        feed.Record
+	start, end int
+}
+
+// appendRecord appends one record's JSON: {"key","seq","doc"} or
 // {"key","seq","deleted":true}. The document is a feed document, valid JSON,
 // so it goes in as it is.
-func encodeRecord(r feed.Record) []byte {
-	k, _ := json.Marshal(string(r.Key))
-	b := make([]byte, 0, len(k)+len(r.Doc)+48)
+func appendRecord(b []byte, r feed.Record) []byte {
 	b = append(b, `{"key":`...)
-	b = append(b, k...)
+	b = appendString(b, string(r.Key))
 	b = append(b, `,"seq":`...)
 	b = strconv.AppendInt(b, int64(r.Seq), 10)
 	if r.Doc == nil {
@@ -283,6 +336,20 @@ func encodeRecord(r feed.Record) []byte {
 	b = append(b, `,"doc":`...)
 	b = append(b, r.Doc...)
 	return append(b, '}')
+}
+
+// appendString appends s as a JSON string: as it is when it is printable
+// ASCII that needs no escape, through encoding/json otherwise.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			j, _ := json.Marshal(s)
+			return append(b, j...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // header is a body up to its records array's opening bracket.
@@ -306,7 +373,7 @@ func (s *Sink) header(env envelope) []byte {
 // deliveryID is a delivery's webhook-id: a hash of what the delivery is, so
 // that every retry of it carries the same id (see "Delivery ids" in the
 // package doc).
-func (s *Sink) deliveryID(env envelope, part []encoded) string {
+func (s *Sink) deliveryID(env envelope, part []span) string {
 	h := sha256.New()
 	w := func(v string) { h.Write([]byte(v)); h.Write([]byte{0}) }
 	w("kairos-webhook/1")
@@ -360,25 +427,23 @@ type Rejected struct {
 
 // deliver sends one delivery and reads its answer (see "Answers" in the
 // package doc).
-func (s *Sink) deliver(ctx context.Context, env envelope, part []encoded) ([]feed.Rejection, error) {
-	body := s.header(env)
-	for i, e := range part {
-		if i > 0 {
-			body = append(body, ',')
-		}
-		body = append(body, e.json...)
-	}
-	body = append(body, "]}"...)
+// body holds the delivery's header and records, its end still to close;
+// part says where each record lies in it.
+func (s *Sink) deliver(ctx context.Context, env envelope, body []byte, part []span) ([]feed.Rejection, error) {
+	body = append(body, closing...)
 	id := s.deliveryID(env, part)
 	fail := func(status int, excerpt string, retry time.Duration, err error) error {
 		return &DeliveryError{Type: env.Type, ID: id, URL: s.c.display, Status: status, Excerpt: excerpt, RetryAfter: retry, Err: err}
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.c.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.c.url.String(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.c.url.String(), http.NoBody)
 	if err != nil {
 		return nil, fail(0, "", 0, s.c.redact.err(err))
 	}
+	pb := &pooledBody{Reader: bytes.NewReader(body)}
+	req.Body, req.ContentLength = pb, int64(len(body))
+	defer release(pb, body) // after the 413 path below has cut its halves out of body
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "kairos-webhook/1")
@@ -407,11 +472,13 @@ func (s *Sink) deliver(ctx context.Context, env envelope, part []encoded) ([]fee
 		// Each half has its own first and last seq, hence its own id.
 		_ = resp.Body.Close()
 		half := len(part) / 2
-		first, err := s.deliver(ctx, env, part[:half])
+		b1, p1 := s.rebody(env, body, part[:half])
+		b2, p2 := s.rebody(env, body, part[half:])
+		first, err := s.deliver(ctx, env, b1, p1)
 		if err != nil {
 			return nil, err
 		}
-		rest, err := s.deliver(ctx, env, part[half:])
+		rest, err := s.deliver(ctx, env, b2, p2)
 		return append(first, rest...), err
 	}
 	if parks(st) && len(part) > 0 {
@@ -444,8 +511,23 @@ func parks(status int) bool {
 	return true
 }
 
+// rebody builds the body of a delivery of part, cut out of body.
+func (s *Sink) rebody(env envelope, body []byte, part []span) ([]byte, []span) {
+	out := s.header(env)
+	spans := make([]span, len(part))
+	for i, p := range part {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		spans[i] = span{rec: p.rec, start: len(out)}
+		out = append(out, body[p.start:p.end]...)
+		spans[i].end = len(out)
+	}
+	return out, spans
+}
+
 // rejections reads a 2xx answer's rejection list.
-func (s *Sink) rejections(env envelope, id string, part []encoded, raw []byte) ([]feed.Rejection, error) {
+func (s *Sink) rejections(env envelope, id string, part []span, raw []byte) ([]feed.Rejection, error) {
 	if len(bytes.TrimSpace(raw)) == 0 || len(part) == 0 {
 		return nil, nil
 	}
