@@ -2,6 +2,9 @@ package webhook_test
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -52,8 +55,13 @@ func BenchmarkApply(b *testing.B) {
 }
 
 // BenchmarkRawPost is its baseline: plain POSTs of the same payload to the
-// same receiver, unsigned, built once.
+// same receiver, built once, unsigned and signed.
 func BenchmarkRawPost(b *testing.B) {
+	b.Run("unsigned", func(b *testing.B) { rawPost(b, false) })
+	b.Run("signed", func(b *testing.B) { rawPost(b, true) })
+}
+
+func rawPost(b *testing.B, signed bool) {
 	srv := benchReceiver(b)
 	var body bytes.Buffer
 	body.WriteString(`{"type":"apply","feed":"orders","sink":"hook","records":[`)
@@ -66,9 +74,17 @@ func BenchmarkRawPost(b *testing.B) {
 	body.WriteString("]}")
 	payload := body.Bytes()
 	client := &http.Client{}
+	key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(testSecret, "whsec_"))
 	b.ResetTimer()
 	for b.Loop() {
-		resp, err := client.Post(srv.URL, "application/json", bytes.NewReader(payload))
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(payload))
+		if signed {
+			mac := hmac.New(sha256.New, key)
+			mac.Write([]byte("msg_1.1700000000."))
+			mac.Write(payload)
+			req.Header.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+		}
+		resp, err := client.Do(req)
 		if err != nil {
 			b.Fatal(err)
 		}
