@@ -23,7 +23,9 @@
 // require it there.
 //
 // A batch is split into deliveries whose bodies each stay within
-// Options.MaxBodyBytes; a record whose JSON alone cannot fit is a rejection.
+// Options.MaxBodyBytes; a record whose document is larger than
+// Sink.MaxDocumentBytes (the body limit less a fixed reserve for the
+// envelope and the longest key) is a rejection, the rest of the batch sent.
 // The deliveries of a call go one after another, and the call stops at the
 // first that fails: with an error, any earlier ones were applied.
 //

@@ -20,8 +20,8 @@ const (
 	// frameworks, API gateways) refuse bodies past a few MiB by default.
 	DefaultMaxBodyBytes = 4 << 20
 	// MinMaxBodyBytes is the smallest body limit accepted: a body must hold
-	// its envelope and at least one small record.
-	MinMaxBodyBytes = 1 << 10
+	// its envelope, the longest key and a document of a few KiB.
+	MinMaxBodyBytes = 16 << 10
 	// DefaultTolerance is how far a delivery's webhook-timestamp may be from
 	// the receiver's clock before Verify refuses it (a replay).
 	DefaultTolerance = 5 * time.Minute
@@ -50,9 +50,10 @@ type Options struct {
 	// Timeout bounds one delivery. Defaults to DefaultTimeout.
 	Timeout time.Duration
 	// MaxBodyBytes bounds a delivery's body: a batch is split into
-	// deliveries that each stay under it, and a record whose own JSON cannot
-	// fit is rejected. At least MinMaxBodyBytes. Defaults to
-	// DefaultMaxBodyBytes.
+	// deliveries that each stay under it, and a record whose document is
+	// larger than Sink.MaxDocumentBytes (this less a reserve of a few KiB for
+	// the envelope and the key) is rejected. At least MinMaxBodyBytes.
+	// Defaults to DefaultMaxBodyBytes.
 	MaxBodyBytes int
 	// AllowLoopback lets deliveries reach loopback addresses (127.0.0.0/8,
 	// ::1), for tests and a receiver on the same host. Defaults to false.

@@ -136,6 +136,17 @@ func New(ctx context.Context, opts Options) (*Sink, error) {
 	return s, nil
 }
 
+// recordReserve is what a delivery of one record may take besides the
+// document: the largest envelope (type, names, generation, resync id) and a
+// record's key (escaped at most six bytes to one), seq and punctuation.
+const recordReserve = 160 + 2*6*feed.MaxNameLen + 6*feed.MaxKeyLen + 64
+
+// MaxDocumentBytes is the largest document, in bytes of its JSON, the sink
+// delivers: any record with one fits a delivery alone whatever its key, and
+// a larger one is a rejection. It is Options.MaxBodyBytes less a fixed
+// reserve for the envelope and the key.
+func (s *Sink) MaxDocumentBytes() int { return s.c.MaxBodyBytes - recordReserve }
+
 // Close ends the sink's idle connections. Safe to call more than once.
 func (s *Sink) Close() error {
 	s.closed.Store(true)
@@ -248,7 +259,13 @@ func (s *Sink) deliverRecords(ctx context.Context, env envelope, records []feed.
 		body, part = nil, nil
 		return err
 	}
+	maxDoc := s.MaxDocumentBytes()
 	for _, rec := range records {
+		if len(rec.Doc) > maxDoc {
+			rejs = append(rejs, feed.Rejection{Key: rec.Key, Seq: rec.Seq, Reason: fmt.Sprintf(
+				"webhook: the document is %d bytes, more than the %d a delivery of webhook.max_body_bytes %d has room for", len(rec.Doc), maxDoc, s.c.MaxBodyBytes)})
+			continue
+		}
 		if body == nil {
 			body = newBody()
 		}

@@ -261,27 +261,34 @@ func TestTimeout(t *testing.T) {
 	}
 }
 
-// TestBodyLimit: a batch is split into deliveries under MaxBodyBytes, and a
-// record that cannot fit one alone is rejected, the rest applied.
+// TestBodyLimit: a batch is split into deliveries under MaxBodyBytes; a
+// document of MaxDocumentBytes goes, even under the longest key of escaped
+// characters, and one byte more is rejected, the rest applied.
 func TestBodyLimit(t *testing.T) {
 	rc := newReceiver(t)
 	_, url := rc.serve(t)
 	o := opts(url)
-	o.MaxBodyBytes = 4096
+	o.MaxBodyBytes = webhook.MinMaxBodyBytes
 	s := newSink(t, o)
-	big := `"` + strings.Repeat("x", 5000) + `"`
-	var batch []feed.Record
-	for i := range 40 {
-		batch = append(batch, rec("k"+strings.Repeat("0", 3)+string(rune('A'+i)), feed.Seq(i+1), `{"pad":"`+strings.Repeat("p", 300)+`"}`))
+	maxDoc := s.MaxDocumentBytes()
+	if maxDoc < 8<<10 {
+		t.Fatalf("MaxDocumentBytes = %d under a %d body limit", maxDoc, o.MaxBodyBytes)
 	}
-	batch[20] = rec("big", 21, big)
+	str := func(n int) string { return `"` + strings.Repeat("x", n-2) + `"` }
+	var batch []feed.Record
+	for i := range 60 {
+		batch = append(batch, rec(fmt.Sprintf("k%03d", i), feed.Seq(i+1), `{"pad":"`+strings.Repeat("p", 1000)+`"}`))
+	}
+	longKey := strings.Repeat("\x01", feed.MaxKeyLen) // each escaped to six bytes
+	batch[10] = rec(longKey, 11, str(maxDoc))
+	batch[20] = rec("big", 21, str(maxDoc+1))
 	rejs, err := s.Apply(t.Context(), batch)
 	if err != nil || len(rejs) != 1 || rejs[0].Key != "big" || rejs[0].Seq != 21 {
 		t.Fatalf("Apply = %+v, %v; want the big record rejected", rejs, err)
 	}
 	got, _ := rc.contents(t.Context())
-	if len(got) != 39 {
-		t.Errorf("the receiver holds %d documents, want 39", len(got))
+	if len(got) != 59 || got[feed.Key(longKey)] == nil {
+		t.Errorf("the receiver holds %d documents, want 59 with the longest key's", len(got))
 	}
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
@@ -289,7 +296,7 @@ func TestBodyLimit(t *testing.T) {
 		t.Errorf("%d deliveries; want the batch split", len(rc.bodies))
 	}
 	for i, b := range rc.bodies {
-		if len(b) > 4096 {
+		if len(b) > o.MaxBodyBytes {
 			t.Errorf("delivery %d is %d bytes, over the limit", i, len(b))
 		}
 	}
@@ -435,6 +442,7 @@ func TestBadOptions(t *testing.T) {
 		{"webhook.sink", func(o *webhook.Options) { o.Sink = "a b" }},
 		{"webhook.timeout", func(o *webhook.Options) { o.Timeout = -time.Second }},
 		{"webhook.max_body_bytes", func(o *webhook.Options) { o.MaxBodyBytes = 10 }},
+		{"webhook.max_body_bytes", func(o *webhook.Options) { o.MaxBodyBytes = webhook.MinMaxBodyBytes - 1 }},
 	}
 	for _, c := range cases {
 		o := good
