@@ -41,7 +41,7 @@ var ErrUnavailable = errors.New("webhook: receiver unavailable")
 // DeliveryError is a delivery that failed as a whole. It matches
 // ErrUnavailable. Its text holds no secret of the URL.
 type DeliveryError struct {
-	Type string // the delivery's type
+	Type string // the delivery's type, or "connection check" for New's
 	ID   string // its webhook-id
 	URL  string // redacted
 	// Status is the receiver's answer, 0 when it gave none (network, timeout).
@@ -56,7 +56,11 @@ type DeliveryError struct {
 
 func (e *DeliveryError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%v: %s delivery %s to %s", ErrUnavailable, e.Type, e.ID, e.URL)
+	if e.ID == "" {
+		fmt.Fprintf(&b, "%v: %s to %s", ErrUnavailable, e.Type, e.URL)
+	} else {
+		fmt.Fprintf(&b, "%v: %s delivery %s to %s", ErrUnavailable, e.Type, e.ID, e.URL)
+	}
 	if e.Status != 0 {
 		fmt.Fprintf(&b, ": answered %d %s", e.Status, http.StatusText(e.Status))
 	}
