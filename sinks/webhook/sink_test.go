@@ -617,3 +617,22 @@ func TestFaultAndReopen(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryAfterForms: seconds, an HTTP date, nonsense and a cap.
+func TestRetryAfterForms(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"":                              0,
+		"12":                            12 * time.Second,
+		" 3 ":                           3 * time.Second,
+		"-4":                            0,
+		"soon":                          0,
+		"Fri, 02 Jan 2026 03:04:35 GMT": 30 * time.Second,
+		"Fri, 02 Jan 2026 03:00:00 GMT": 0, // past
+		"99999999":                      time.Hour,
+	} {
+		if got := webhook.RetryAfter(v, now); got != want {
+			t.Errorf("Retry-After %q = %v, want %v", v, got, want)
+		}
+	}
+}
