@@ -54,6 +54,8 @@ type receiver struct {
 	observe func(deliverySeen) // called, under mu, with every verified delivery
 	hdrs    []http.Header
 	bodies  [][]byte
+	// maxBody is the handler's body limit; 0 for its default.
+	maxBody int64
 }
 
 func newReceiver(t *testing.T) *receiver {
@@ -64,7 +66,7 @@ func newReceiver(t *testing.T) *receiver {
 // serve starts the receiver on 127.0.0.1 behind the package's handler and
 // returns its URL.
 func (rc *receiver) serve(t *testing.T) (*httptest.Server, string) {
-	h, err := webhook.NewHandler([]string{testSecret}, webhook.HandlerOptions{}, rc.receive)
+	h, err := webhook.NewHandler([]string{testSecret}, webhook.HandlerOptions{MaxBodyBytes: rc.maxBody}, rc.receive)
 	if err != nil {
 		t.Fatal(err)
 	}

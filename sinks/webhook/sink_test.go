@@ -51,20 +51,34 @@ func rec(k string, seq feed.Seq, doc string) feed.Record {
 
 // TestRunSink holds the sink and the receiver model of the package doc
 // (receiver_test.go) to the sink suite, over real HTTP on 127.0.0.1. The
-// seq guard is the receiver's, which this one keeps, so the suite checks it.
-//
-// The harness fields the extended suite adds would be filled so:
-// AtomicPublish true (the receiver swaps its copy under one lock);
-// MaxDocumentBytes 0 with MaxBodyBytes raised past the suite's 1 MiB
-// documents (TestBodyLimit covers the limit itself); Fault sets
-// receiver.fault to answer 503 (or hijack and close the connection), restore
-// clears it; Reopen returns newSink over the same URL.
+// seq guard is the receiver's, which this one keeps, so the suite checks it;
+// so is the atomic publish (the receiver swaps its copy under one lock). The
+// body limit, the sink's and the receiver's, is raised to 8 MiB, past the
+// suite's 1 MiB documents and low enough for the suite to send one over it;
+// a fault makes the receiver answer 503; a reopened sink is a new one over
+// the same URL.
 func TestRunSink(t *testing.T) {
 	feedtest.RunSink(t, func(t *testing.T) feedtest.SinkHarness {
 		rc := newReceiver(t)
 		rc.rejectKey = rejectKey
+		rc.maxBody = 8 << 20
 		_, url := rc.serve(t)
-		return feedtest.SinkHarness{Sink: newSink(t, opts(url)), Contents: rc.contents, ConditionalOnSeq: true, RejectKey: rejectKey}
+		o := opts(url)
+		o.MaxBodyBytes = int(rc.maxBody)
+		s := newSink(t, o)
+		return feedtest.SinkHarness{
+			Sink: s, Contents: rc.contents, ConditionalOnSeq: true, RejectKey: rejectKey,
+			AtomicPublish:    true,
+			MaxDocumentBytes: s.MaxDocumentBytes(),
+			Fault: func(*testing.T) func() {
+				rc.setFault(func(w http.ResponseWriter) bool {
+					http.Error(w, "down", http.StatusServiceUnavailable)
+					return true
+				})
+				return func() { rc.setFault(nil) }
+			},
+			Reopen: func(t *testing.T) feed.Sink { return newSink(t, o) },
+		}
 	})
 }
 
