@@ -51,6 +51,7 @@ func newTarget(t testing.TB) *target {
 		}
 	})
 	tg.read = pgtest.PoolWith(t, pgtest.URL(), func(cfg *pgxpool.Config) { cfg.MaxConns = 2 })
+	tg.exec(t, `CREATE SCHEMA "`+tg.schema+`"`)
 	return tg
 }
 
@@ -120,5 +121,23 @@ func wantInvalid(t *testing.T, what string, err error, field string) {
 		t.Errorf("%s: the error names %q (%v), want %q", what, inv.Field, err, field)
 	case strings.Contains(err.Error(), "password"):
 		t.Errorf("%s: %v mentions a password", what, err)
+	}
+}
+
+func rec(key string, seq feed.Seq, doc string) feed.Record {
+	r := feed.Record{Key: feed.Key(key), Seq: seq}
+	if doc != "" {
+		r.Doc = json.RawMessage(doc)
+	}
+	return r
+}
+
+func applyOK(t testing.TB, s interface {
+	Apply(context.Context, []feed.Record) ([]feed.Rejection, error)
+}, records ...feed.Record) {
+	t.Helper()
+	rej, err := s.Apply(t.Context(), records)
+	if err != nil || len(rej) != 0 {
+		t.Fatalf("Apply = %v, %v; want no rejection and no error", rej, err)
 	}
 }
