@@ -322,3 +322,36 @@ func TestErrorsAreNotRejections(t *testing.T) {
 		t.Errorf("Apply to a dropped table = %v, %v; want the 42P01 error and no rejection", rej, err)
 	}
 }
+
+// TestNoResurrection: a tombstone's seq is remembered, so an older document
+// arriving after a newer delete (a stale call) does not bring the key back,
+// in the live table and in a resync's.
+func TestNoResurrection(t *testing.T) {
+	t.Parallel()
+	tg := newTarget(t)
+	s := tg.sink(t, harnessOptions)
+	check := func(what string, a interface {
+		Apply(context.Context, []feed.Record) ([]feed.Rejection, error)
+	}, published bool) {
+		applyOK(t, a, rec("a", 1, `"a1"`))
+		applyOK(t, a, rec("a", 5, ""), rec("never", 6, ""))
+		applyOK(t, a, rec("a", 3, `"a3"`), rec("never", 4, `"n4"`)) // stale
+		if published {
+			if got, _ := tg.contents(t.Context(), "docs"); len(got) != 0 {
+				t.Errorf("%s: after a stale put older than the deletes: %v, want nothing", what, got)
+			}
+		}
+	}
+	check("live", s, true)
+	r, err := s.OpenResync(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("resync", r, false)
+	if err := r.Publish(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := tg.contents(t.Context(), "docs"); len(got) != 0 {
+		t.Errorf("after publishing a resync with a stale put: %v, want nothing", got)
+	}
+}

@@ -354,14 +354,14 @@ func isCode(err error, codes ...string) bool {
 // OpenResync drops the shadow tables earlier resyncs left (a crash, or a
 // resync of a worker that has since lost its lease) and creates a fresh one
 // LIKE the live table, indexes, defaults and constraints included, in one
-// transaction.
+// transaction. The target it returns is a *Resync.
 func (s *Sink) OpenResync(ctx context.Context, generation feed.Generation) (feed.ResyncTarget, error) {
 	if generation < 1 {
 		return nil, feed.Invalid("generation", "is %d; it must be 1 or more", generation)
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	r := &resync{s: s, name: s.o.Table + shadowInfix + hex.EncodeToString(b[:])}
+	r := &Resync{s: s, name: s.o.Table + shadowInfix + hex.EncodeToString(b[:])}
 	r.table = qualify(s.o.Schema, r.name)
 	r.sql = s.upsertSQL(r.table)
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -401,8 +401,9 @@ func shadowOf(table, name string) bool {
 	return err == nil && strings.ToLower(rest) == rest
 }
 
-// resync is a shadow table being filled.
-type resync struct {
+// Resync is a shadow table being filled: the feed.ResyncTarget OpenResync
+// returns.
+type Resync struct {
 	s     *Sink
 	name  string // unquoted, in the sink's schema
 	table string // quoted and qualified
@@ -410,7 +411,14 @@ type resync struct {
 	done  bool
 }
 
-func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
+var _ feed.ResyncTarget = (*Resync)(nil)
+
+// Table returns the shadow table's schema-qualified, quoted name: where an
+// operator looks at a resync in progress, or a test attaches a trigger.
+func (r *Resync) Table() string { return r.table }
+
+// Apply follows Sink.Apply, into the shadow table.
+func (r *Resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
 	if r.done {
 		return nil, fmt.Errorf("pgtable: resync of %s: Apply after Publish or Abort", r.s.table)
 	}
@@ -420,7 +428,7 @@ func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 // Publish renames the live table away and the shadow into its place, and
 // drops the old copy, in one transaction: a reader sees the old table or the
 // new one, never neither.
-func (r *resync) Publish(ctx context.Context) error {
+func (r *Resync) Publish(ctx context.Context) error {
 	if r.done {
 		return fmt.Errorf("pgtable: resync of %s: Publish after Publish or Abort", r.s.table)
 	}
@@ -448,7 +456,7 @@ func (r *resync) Publish(ctx context.Context) error {
 }
 
 // Abort drops the shadow table, and nothing else.
-func (r *resync) Abort(ctx context.Context) error {
+func (r *Resync) Abort(ctx context.Context) error {
 	r.done = true
 	if _, err := r.s.db.Exec(ctx, "DROP TABLE IF EXISTS "+r.table); err != nil {
 		return fmt.Errorf("pgtable: aborting the resync of %s: %w", r.s.table, err)
