@@ -229,8 +229,11 @@ func TestAtomicPublish(t *testing.T) {
 		var wg sync.WaitGroup
 		var reads atomic.Int64
 		errs := make(chan error, 4)
+		var alive atomic.Int64
+		alive.Store(2)
 		for range 2 {
 			wg.Go(func() {
+				defer alive.Add(-1)
 				for {
 					select {
 					case <-stop:
@@ -254,11 +257,12 @@ func TestAtomicPublish(t *testing.T) {
 				}
 			})
 		}
-		for reads.Load() < 2 {
+		// Readers that fail stop, so the waits below end with them.
+		for reads.Load() < 2 && alive.Load() == 2 {
 			time.Sleep(time.Millisecond)
 		}
 		err = r.Publish(t.Context())
-		for n := reads.Load(); reads.Load() < n+2; {
+		for n := reads.Load(); reads.Load() < n+2 && alive.Load() == 2; {
 			time.Sleep(time.Millisecond)
 		}
 		close(stop)
