@@ -359,3 +359,53 @@ func TestNoResurrection(t *testing.T) {
 		t.Errorf("after publishing a resync with a stale put: %v, want nothing", got)
 	}
 }
+
+// TestTimeoutIsAnError: a statement that cannot finish in time (its table
+// locked by another session) is an error, the batch not rejected.
+func TestTimeoutIsAnError(t *testing.T) {
+	t.Parallel()
+	tg := newTarget(t)
+	s := tg.sink(t, harnessOptions)
+	tx, err := tg.read.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `LOCK TABLE `+s.Table()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if rej, err := s.Apply(ctx, []feed.Record{rec("a", 1, `1`), rec("b", 2, `2`)}); err == nil || len(rej) != 0 {
+		t.Errorf("Apply against a locked table = %v, %v; want an error and no rejection", rej, err)
+	}
+}
+
+// TestRacingApplies: calls racing on the same keys with different seqs end
+// with each key's highest seq.
+func TestRacingApplies(t *testing.T) {
+	t.Parallel()
+	tg := newTarget(t)
+	s := tg.sink(t, harnessOptions)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for round := range 20 {
+				var batch []feed.Record
+				for k := range 50 {
+					seq := feed.Seq(round*4 + w + 1)
+					batch = append(batch, rec(fmt.Sprintf("k%02d", k), seq, fmt.Sprintf(`{"n":%d}`, seq)))
+				}
+				if rej, err := s.Apply(t.Context(), batch); err != nil || len(rej) != 0 {
+					t.Errorf("Apply = %v, %v", rej, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var wrong int
+	if err := tg.read.QueryRow(t.Context(), `SELECT count(*) FROM `+s.Table()+` WHERE seq <> 80 OR n <> 80`).Scan(&wrong); err != nil || wrong != 0 {
+		t.Errorf("%d keys did not end at the highest seq (%v)", wrong, err)
+	}
+}

@@ -35,12 +35,22 @@ type target struct {
 // own, so that fault can end them and nobody else's.
 func newTarget(t testing.TB) *target {
 	t.Helper()
+	return newTargetAt(t, pgtest.URL(), nil)
+}
+
+// newTargetAt is newTarget with the sink's pool on url (PgBouncer, say),
+// configured further by configure when not nil.
+func newTargetAt(t testing.TB, url string, configure func(*pgxpool.Config)) *target {
+	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	tg := &target{t: t, schema: pgtest.Schema(t), app: "pgtable_" + hex.EncodeToString(b[:]), down: new(atomic.Bool)}
 	closed := pgtest.ClosedPort(t)
-	tg.pool = pgtest.PoolWith(t, pgtest.URL(), func(cfg *pgxpool.Config) {
+	tg.pool = pgtest.PoolWith(t, url, func(cfg *pgxpool.Config) {
 		cfg.MaxConns = 4
+		if configure != nil {
+			configure(cfg)
+		}
 		cfg.ConnConfig.RuntimeParams["application_name"] = tg.app
 		dial := cfg.ConnConfig.DialFunc
 		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {

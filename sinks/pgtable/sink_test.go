@@ -3,7 +3,11 @@ package pgtable_test
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
@@ -31,7 +35,10 @@ var harnessOptions = pgtable.Options{
 //	Fault:            tg.fault,
 //	Reopen:           func(t *testing.T) feed.Sink { return tg.sink(t, harnessOptions) },
 func harness(t *testing.T) (feedtest.SinkHarness, *target) {
-	tg := newTarget(t)
+	return harnessOn(t, newTarget(t))
+}
+
+func harnessOn(t *testing.T, tg *target) (feedtest.SinkHarness, *target) {
 	s := tg.sink(t, harnessOptions)
 	tg.exec(t, `ALTER TABLE `+s.Table()+` ADD CONSTRAINT not_rejected CHECK (key <> '`+rejectedKey+`')`)
 	return feedtest.SinkHarness{
@@ -46,6 +53,23 @@ func TestSink(t *testing.T) {
 	t.Parallel()
 	feedtest.RunSink(t, func(t *testing.T) feedtest.SinkHarness {
 		h, _ := harness(t)
+		return h
+	})
+}
+
+// TestSinkPgBouncer runs the suite through PgBouncer in transaction mode, with
+// the simple protocol: the sink names its schema in every statement and
+// keeps no session state, and a publish is one transaction.
+func TestSinkPgBouncer(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("KAIROS_TEST_PGBOUNCER_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:6543/postgres"
+	}
+	feedtest.RunSink(t, func(t *testing.T) feedtest.SinkHarness {
+		h, _ := harnessOn(t, newTargetAt(t, url, func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		}))
 		return h
 	})
 }
