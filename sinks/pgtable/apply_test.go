@@ -201,6 +201,19 @@ func TestReopenAfterCrash(t *testing.T) {
 	if got, _ := tg.contents(t.Context(), "docs"); len(got) != 1 || got["fresh"] == nil {
 		t.Errorf("after publish: %v, want fresh alone (nothing of the crashed resync)", got)
 	}
+	var indexes []string
+	rows, err := tg.read.Query(t.Context(), `SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY 1`, tg.schema)
+	if err == nil {
+		for rows.Next() {
+			var n string
+			_ = rows.Scan(&n)
+			indexes = append(indexes, n)
+		}
+		err = rows.Err()
+	}
+	if err != nil || len(indexes) != 1 || indexes[0] != "docs_pkey" {
+		t.Errorf("indexes after publish = %v, %v; want the live table's own name, docs_pkey", indexes, err)
+	}
 	// The stale resync's shadow is gone: its calls are errors.
 	if _, err := r.Apply(t.Context(), []feed.Record{rec("x", 9, `9`)}); err == nil {
 		t.Error("Apply to a dropped shadow: no error")

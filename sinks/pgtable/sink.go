@@ -446,7 +446,7 @@ func (r *Resync) Publish(ctx context.Context) error {
 				return err
 			}
 		}
-		return nil
+		return renameIndexes(ctx, tx, s.o.Schema, s.table, r.name, s.o.Table)
 	})
 	if err != nil {
 		return fmt.Errorf("pgtable: publishing the resync of %s: %w", s.table, err)
@@ -460,6 +460,28 @@ func (r *Resync) Abort(ctx context.Context) error {
 	r.done = true
 	if _, err := r.s.db.Exec(ctx, "DROP TABLE IF EXISTS "+r.table); err != nil {
 		return fmt.Errorf("pgtable: aborting the resync of %s: %w", r.s.table, err)
+	}
+	return nil
+}
+
+// renameIndexes gives the indexes LIKE named after the shadow (and the
+// constraints they back) the names they would have had on the live table,
+// "orders_pkey" rather than "orders_resync_1a2b3c4d_pkey", now that the old
+// copy's are gone, so that the table reads the same after every resync.
+func renameIndexes(ctx context.Context, tx pgx.Tx, schema, table, from, to string) error {
+	rows, err := tx.Query(ctx, `SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = to_regclass($1) AND starts_with(c.relname::text, $2)`, table, from)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if _, err := tx.Exec(ctx, "ALTER INDEX "+qualify(schema, n)+" RENAME TO "+quote(to+strings.TrimPrefix(n, from))); err != nil {
+			return err
+		}
 	}
 	return nil
 }
