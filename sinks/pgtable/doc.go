@@ -37,7 +37,7 @@
 // so a resync always starts empty. Publish renames the live table away, the
 // shadow into its name, and drops the old copy, in one transaction: a
 // reader sees the old table or the new one, never a mix and never a missing
-// // table. The new table's indexes then take the names the old one's had
+// table. The new table's indexes then take the names the old one's had
 // ("orders_pkey"), so the table reads the same after every resync. Abort
 // drops its own shadow and nothing else.
 //
