@@ -180,6 +180,9 @@ func TestReopenAfterCrash(t *testing.T) {
 	tg := newTarget(t)
 	s := tg.sink(t, harnessOptions)
 	applyOK(t, s, rec("live", 1, `1`))
+	// A reading role (a predefined one: roles are the cluster's, not the
+	// test's) keeps its grant across the publish.
+	tg.exec(t, `GRANT SELECT, UPDATE ON `+s.Table()+` TO pg_monitor`)
 	r, err := s.OpenResync(t.Context(), 2)
 	if err != nil {
 		t.Fatal(err)
@@ -200,6 +203,11 @@ func TestReopenAfterCrash(t *testing.T) {
 	}
 	if got, _ := tg.contents(t.Context(), "docs"); len(got) != 1 || got["fresh"] == nil {
 		t.Errorf("after publish: %v, want fresh alone (nothing of the crashed resync)", got)
+	}
+	var sel, upd, del bool
+	if err := tg.read.QueryRow(t.Context(), `SELECT has_table_privilege('pg_monitor', $1, 'SELECT'), has_table_privilege('pg_monitor', $1, 'UPDATE'),
+		has_table_privilege('pg_monitor', $1, 'DELETE')`, s.Table()).Scan(&sel, &upd, &del); err != nil || !sel || !upd || del {
+		t.Errorf("pg_monitor's privileges after publish: select %v, update %v, delete %v (%v); want select and update", sel, upd, del, err)
 	}
 	var indexes []string
 	rows, err := tg.read.Query(t.Context(), `SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY 1`, tg.schema)

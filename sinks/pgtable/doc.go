@@ -31,8 +31,9 @@
 // # Resync and atomic publish
 //
 // OpenResync creates a shadow table LIKE the live one (columns, defaults,
-// constraints and indexes; not triggers, grants or foreign keys pointing at
-// it), named after it with a random suffix, after dropping any shadow an
+// constraints and indexes), granting it what the live one grants to other
+// roles (triggers and foreign keys pointing at the table are not carried
+// over: a table with those is one to keep in step some other way), named after it with a random suffix, after dropping any shadow an
 // earlier resync left (a crash, or a worker that has since lost its lease),
 // so a resync always starts empty. Publish renames the live table away, the
 // shadow into its name, and drops the old copy, in one transaction: a

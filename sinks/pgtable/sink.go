@@ -382,8 +382,10 @@ func (s *Sink) OpenResync(ctx context.Context, generation feed.Generation) (feed
 				return err
 			}
 		}
-		_, err = tx.Exec(ctx, "CREATE TABLE "+r.table+" (LIKE "+s.table+" INCLUDING ALL)")
-		return err
+		if _, err = tx.Exec(ctx, "CREATE TABLE "+r.table+" (LIKE "+s.table+" INCLUDING ALL)"); err != nil {
+			return err
+		}
+		return copyGrants(ctx, tx, s.table, r.table)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgtable: opening a resync of %s for generation %d: %w", s.table, generation, err)
@@ -480,6 +482,39 @@ func renameIndexes(ctx context.Context, tx pgx.Tx, schema, table, from, to strin
 	}
 	for _, n := range names {
 		if _, err := tx.Exec(ctx, "ALTER INDEX "+qualify(schema, n)+" RENAME TO "+quote(to+strings.TrimPrefix(n, from))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyGrants grants on shadow what is granted on live, since LIKE copies no
+// privileges: the roles that read the table keep reading it after a publish.
+func copyGrants(ctx context.Context, tx pgx.Tx, live, shadow string) error {
+	rows, err := tx.Query(ctx, `SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
+			a.privilege_type, a.is_grantable
+		FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = to_regclass($1) AND a.grantee <> c.relowner`, live)
+	if err != nil {
+		return err
+	}
+	type grant struct {
+		to, what  string
+		grantable bool
+	}
+	grants, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (grant, error) {
+		var g grant
+		err := row.Scan(&g.to, &g.what, &g.grantable)
+		return g, err
+	})
+	if err != nil {
+		return err
+	}
+	for _, g := range grants {
+		q := "GRANT " + g.what + " ON " + shadow + " TO " + g.to
+		if g.grantable {
+			q += " WITH GRANT OPTION"
+		}
+		if _, err := tx.Exec(ctx, q); err != nil {
 			return err
 		}
 	}
