@@ -47,6 +47,7 @@ var measurements = []measurement{
 	{"P6", (*env).measureP6, false},
 	{"C", (*env).measureCollect, false},
 	{"S", (*env).measureSinks, false},
+	{"S", (*env).measurePgtable, false}, // each sink's row, run by -only S
 	{"X", (*env).measureExperiments, true},
 }
 
