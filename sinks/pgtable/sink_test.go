@@ -28,14 +28,14 @@ var harnessOptions = pgtable.Options{
 	Columns: []pgtable.Column{{Name: "n", Path: "$.n", Type: pgtable.TypeInteger}, {Name: "v", Type: pgtable.TypeJSONB}},
 }
 
-// harness fills feedtest.SinkHarness. When the extended suite lands, add:
-//
-//	AtomicPublish:    true,
-//	MaxDocumentBytes: pgtable.MaxDocumentBytes,
-//	Fault:            tg.fault,
-//	Reopen:           func(t *testing.T) feed.Sink { return tg.sink(t, harnessOptions) },
+// harness fills feedtest.SinkHarness on the test database: the renames in
+// one transaction publish atomically, the feed's own rule is the only limit
+// on a document, a fault dials a closed port and ends the sink pool's
+// backends, and a reopened sink is a new one over the same table.
 func harness(t *testing.T) (feedtest.SinkHarness, *target) {
-	return harnessOn(t, newTarget(t))
+	h, tg := harnessOn(t, newTarget(t))
+	h.Fault = func(t *testing.T) func() { return tg.fault(t) }
+	return h, tg
 }
 
 func harnessOn(t *testing.T, tg *target) (feedtest.SinkHarness, *target) {
@@ -46,6 +46,9 @@ func harnessOn(t *testing.T, tg *target) (feedtest.SinkHarness, *target) {
 		Contents:         func(ctx context.Context) (map[feed.Key]json.RawMessage, error) { return tg.contents(ctx, "docs") },
 		ConditionalOnSeq: true,
 		RejectKey:        rejectedKey,
+		AtomicPublish:    true,
+		MaxDocumentBytes: pgtable.MaxDocumentBytes,
+		Reopen:           func(t *testing.T) feed.Sink { return tg.sink(t, harnessOptions) },
 	}, tg
 }
 
@@ -59,7 +62,8 @@ func TestSink(t *testing.T) {
 
 // TestSinkPgBouncer runs the suite through PgBouncer in transaction mode, with
 // the simple protocol: the sink names its schema in every statement and
-// keeps no session state, and a publish is one transaction.
+// keeps no session state, and a publish is one transaction. It has no Fault:
+// the bouncer's server sessions do not carry the sink's application name.
 func TestSinkPgBouncer(t *testing.T) {
 	t.Parallel()
 	url := os.Getenv("KAIROS_TEST_PGBOUNCER_URL")
