@@ -220,3 +220,36 @@ func carriesCondition(err error) bool {
 	}
 	return false
 }
+
+// RetryDelayer is what an error implements when it knows the earliest a retry
+// may work: a sink whose server answered "too many requests, come back in 30
+// s" (HTTP's Retry-After). RetryDelay is that wait, 0 when the error does not
+// know. The sync driver backs off at least that long before it sends again,
+// so a sink that says when need not be hammered by the driver's own shorter
+// backoff.
+type RetryDelayer interface {
+	RetryDelay() time.Duration
+}
+
+// RetryDelay returns the longest wait any error in err's chain asks for
+// through RetryDelayer, and 0 when none does.
+func RetryDelay(err error) time.Duration {
+	var d time.Duration
+	for err != nil {
+		if r, ok := err.(RetryDelayer); ok {
+			d = max(d, r.RetryDelay())
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				d = max(d, RetryDelay(e))
+			}
+			return d
+		default:
+			return d
+		}
+	}
+	return d
+}

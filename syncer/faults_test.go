@@ -493,3 +493,55 @@ func TestWakeUpsThatHang(t *testing.T) {
 		e.eventually("another subscribe, a poll later", 20*opts.PollInterval, func() bool { return reader.tries.Load() >= 2 })
 	})
 }
+
+// retryLater is a sink error that says when to come back, as an HTTP 429's
+// Retry-After does.
+type retryLater struct{ after time.Duration }
+
+func (e retryLater) Error() string {
+	return fmt.Sprintf("429 too many requests; retry after %v", e.after)
+}
+func (e retryLater) RetryDelay() time.Duration { return e.after }
+
+// TestSinkRetryDelayHonoured: a sink error that asks for a wait
+// (feed.RetryDelayer) longer than the worker's whole backoff range is
+// honoured, in the bubble's fake time: the next attempt comes no sooner,
+// and the worker then catches up.
+func TestSinkRetryDelayHonoured(t *testing.T) {
+	onMem(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "webhook")
+		opts := testOptions(t, e)
+		opts.BackoffMin, opts.BackoffMax = 100*time.Millisecond, time.Second
+		one(t, e, w, "A", opts)
+		e.waitCaughtUp(w.id)
+		const after = 3 * time.Minute // far past BackoffMax, within waitCaughtUp's bound
+		var mu sync.Mutex
+		var at []time.Time
+		w.setHook(func(ctx context.Context, c *call) error {
+			if c.Op != "apply" {
+				return nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			at = append(at, time.Now())
+			if len(at) <= 2 {
+				return fmt.Errorf("delivery refused: %w", retryLater{after})
+			}
+			return nil
+		})
+		e.write(feed.Put(key(1), doc(`{"i":1}`)))
+		e.waitCaughtUp(w.id)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(at) != 3 {
+			t.Fatalf("%d apply calls, want 2 refused and 1 that landed", len(at))
+		}
+		for i := 1; i < len(at); i++ {
+			if d := at[i].Sub(at[i-1]); d < after {
+				t.Errorf("attempt %d came %v after the one before, which asked for %v", i+1, d, after)
+			}
+		}
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink after the wait", w.docs(), want)
+	})
+}

@@ -201,7 +201,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			failures++
 			w.fault(ctx, fmt.Errorf("taking the lease: %w", err))
-			w.backoff(ctx, failures)
+			w.backoff(ctx, failures, 0)
 			continue
 		}
 		waiting = nil
@@ -215,7 +215,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			failures = 0
 		} else if ctx.Err() == nil {
 			failures++
-			w.backoff(ctx, failures)
+			w.backoff(ctx, failures, 0)
 		}
 	}
 	return nil
@@ -366,7 +366,9 @@ func (w *Worker) session(ctx context.Context, lease feed.Lease) (progressed bool
 			s.fresh = false
 			failures++
 			w.fault(ctx, err)
-			w.backoff(ctx, failures)
+			// A sink that said when to come back (feed.RetryDelayer: an
+			// HTTP 429's Retry-After) is not sent to before then.
+			w.backoff(ctx, failures, feed.RetryDelay(err))
 		}
 	}
 	return progressed
@@ -985,14 +987,16 @@ func (w *Worker) recovered(ctx context.Context) {
 
 // backoff waits after the failures-th fault in a row: BackoffMin doubled per
 // fault, capped at BackoffMax, jittered to between half and all of it so that
-// workers hit by one outage do not retry in step.
-func (w *Worker) backoff(ctx context.Context, failures int) {
+// workers hit by one outage do not retry in step; and never less than floor,
+// the wait the fault itself asked for (feed.RetryDelay), which BackoffMax
+// does not cap: the server knows best when it will take more.
+func (w *Worker) backoff(ctx context.Context, failures int, floor time.Duration) {
 	w.setPhase(PhaseBackoff)
 	d := w.opts.BackoffMin
 	for i := 1; i < failures && d < w.opts.BackoffMax; i++ {
 		d *= 2
 	}
-	w.sleep(ctx, jitter(min(d, w.opts.BackoffMax), 0.5, 1))
+	w.sleep(ctx, max(jitter(min(d, w.opts.BackoffMax), 0.5, 1), floor))
 }
 
 // sleep waits d on the clock, or until ctx ends.

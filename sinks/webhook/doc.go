@@ -68,7 +68,7 @@
 //   - 408, 425, 429 and 5xx: an error (*DeliveryError, ErrUnavailable); the
 //     worker retries the batch later. Retry-After is read into
 //     DeliveryError.RetryAfter and said in the error, as the earliest time
-//     to send again.
+//     to send again, which the sync driver honours (feed.RetryDelayer).
 //   - 401, 403, 404, 405, 407, 410, 421, and every 3xx (redirects are never
 //     followed): an error too, since they say the endpoint or its
 //     credentials are wrong, which every batch would meet; parking on them

@@ -54,6 +54,10 @@ type DeliveryError struct {
 	Err     error
 }
 
+// RetryDelay is RetryAfter, for feed.RetryDelayer: the sync driver waits at
+// least that long before it sends again.
+func (e *DeliveryError) RetryDelay() time.Duration { return e.RetryAfter }
+
 func (e *DeliveryError) Error() string {
 	var b strings.Builder
 	if e.ID == "" {

@@ -229,6 +229,9 @@ func TestAnswers(t *testing.T) {
 	if !errors.As(err, &de) || de.Status != 429 || de.RetryAfter != 7*time.Second || !strings.Contains(err.Error(), "retry after 7s") {
 		t.Errorf("429: Apply = %v; want a DeliveryError asking for 7s", err)
 	}
+	if d := feed.RetryDelay(fmt.Errorf("worker: %w", err)); d != 7*time.Second {
+		t.Errorf("429: feed.RetryDelay = %v; want the 7s the driver must wait", d)
+	}
 	for _, st := range []int{401, 403, 404, 408, 500, 503, 307} {
 		answer(st, "no", "Location", "http://127.0.0.1:1/elsewhere")
 		rejs, err := s.Apply(t.Context(), batch)
