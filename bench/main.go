@@ -48,6 +48,8 @@ var measurements = []measurement{
 	{"C", (*env).measureCollect, false},
 	{"S", (*env).measureSinks, false},
 	{"S", (*env).measurePgtable, false}, // each sink's row, run by -only S
+	{"S", (*env).measureMysql, false},
+	{"S", (*env).measureWebhook, false},
 	{"X", (*env).measureExperiments, true},
 }
 
