@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,4 +29,22 @@ func Harness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
 			return g, err
 		},
 	}
+}
+
+// FeedStore is a migrated pgfeed store in a schema of the test's own, on a
+// pool of its own, closed at cleanup: the feed side of a test that drives a
+// sink end to end. opts' Schema is filled in.
+func FeedStore(t testing.TB, ctx context.Context, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool) {
+	t.Helper()
+	pool := Pool(t, URL(), pgx.QueryExecModeCacheStatement)
+	opts.Schema = Schema(t)
+	if _, err := pgfeed.Migrate(ctx, pool, opts); err != nil {
+		t.Fatal(err)
+	}
+	store, err := pgfeed.New(ctx, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	return store, pool
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -90,16 +88,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	sink := &recording{Sink: s, t: t, admin: admin, hist: hist}
 
-	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
-	schema := pgtest.Schema(t)
-	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgfeed.New(ctx, pool, pgfeed.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
+	store, pool := pgtest.FeedStore(t, ctx, pgfeed.Options{})
 	h := pgtest.Harness(store, pool)
 	id := feed.SinkID{Feed: "orders", Sink: "mysql"}
 	runner, err := syncer.NewRunner(store, []syncer.Target{{ID: id, Sink: sink}}, syncer.Options{

@@ -79,16 +79,7 @@ func TestEndToEnd(t *testing.T) {
 	defer cancel()
 
 	// The feed, in a schema and on a pool of its own.
-	fpool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
-	fschema := pgtest.Schema(t)
-	if _, err := pgfeed.Migrate(ctx, fpool, pgfeed.Options{Schema: fschema}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgfeed.New(ctx, fpool, pgfeed.Options{Schema: fschema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store, fpool := pgtest.FeedStore(t, ctx, pgfeed.Options{})
 
 	// The target, with its recording trigger.
 	tg := newTarget(t)

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -27,16 +25,7 @@ import (
 func TestEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
-	schema := pgtest.Schema(t)
-	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgfeed.New(ctx, pool, pgfeed.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
+	store, pool := pgtest.FeedStore(t, ctx, pgfeed.Options{})
 	h := pgtest.Harness(store, pool)
 
 	const f = feed.FeedName("e2e")
