@@ -173,28 +173,46 @@ func (e *env) measureCollect(ctx context.Context) ([]Row, error) {
 		"ms", sub, base, "figure/baseline", div, "", nil)}, nil
 }
 
-// measureSinks measures each sink's apply rate at batch SinkApplyBatch. Only
-// the in-memory reference sink exists so far; real sinks join as they land.
-func (e *env) measureSinks(ctx context.Context) ([]Row, error) {
-	sz := e.sizes
-	recs := make([]feed.Record, sz.SinkApplyRecs)
+// sinkRecords are the records every sink row applies: n fresh keys, each
+// with a 300-byte document, at seqs 1..n.
+func sinkRecords(n int) []feed.Record {
+	recs := make([]feed.Record, n)
 	for i := range recs {
 		recs[i] = feed.Record{Key: feed.Key(fmt.Sprintf("k%08d", i)), Seq: feed.Seq(i + 1), Doc: doc300(i)}
 	}
+	return recs
+}
+
+// applyRate applies recs to sink in batches of batch and returns the rate in
+// records/s; a rejection fails the row, since every record is valid.
+func applyRate(ctx context.Context, what string, sink feed.Sink, recs []feed.Record, batch int) (float64, error) {
+	start := time.Now()
+	for c := 0; c < len(recs); c += batch {
+		rej, err := sink.Apply(ctx, recs[c:min(len(recs), c+batch)])
+		if err != nil {
+			return 0, err
+		}
+		if len(rej) != 0 {
+			return 0, fmt.Errorf("%s rejected %d records: %s", what, len(rej), rej[0].Reason)
+		}
+	}
+	return float64(len(recs)) / time.Since(start).Seconds(), nil
+}
+
+// measureSinks measures the in-memory reference sink's apply rate at batch
+// SinkApplyBatch; each real sink has a measurement of its own beside its raw
+// baseline (sinkpgtable.go, sinkmysql.go, sinkwebhook.go).
+func (e *env) measureSinks(ctx context.Context) ([]Row, error) {
+	sz := e.sizes
+	recs := sinkRecords(sz.SinkApplyRecs)
 	var rates []float64
 	for range sz.Runs {
 		sink := memfeed.NewSink(memfeed.SinkOptions{})
-		start := time.Now()
-		for c := 0; c < len(recs); c += sz.SinkApplyBatch {
-			rej, err := sink.Apply(ctx, recs[c:min(len(recs), c+sz.SinkApplyBatch)])
-			if err != nil {
-				return nil, err
-			}
-			if len(rej) != 0 {
-				return nil, fmt.Errorf("memfeed sink rejected %d records", len(rej))
-			}
+		rate, err := applyRate(ctx, "memfeed sink", sink, recs, sz.SinkApplyBatch)
+		if err != nil {
+			return nil, err
 		}
-		rates = append(rates, float64(len(recs))/time.Since(start).Seconds())
+		rates = append(rates, rate)
 		if got := len(sink.Documents()); got != len(recs) {
 			return nil, fmt.Errorf("memfeed sink holds %d documents, want %d", got, len(recs))
 		}

@@ -10,7 +10,6 @@ import (
 
 	_ "github.com/go-sql-driver/mysql" // the database/sql driver the baseline writes through
 
-	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/sinks/mysql"
 )
 
@@ -41,10 +40,7 @@ func (e *env) measureMysql(ctx context.Context) ([]Row, error) {
 	if err := db.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("MariaDB does not answer (scripts/test starts it): %w", err)
 	}
-	recs := make([]feed.Record, sz.SinkApplyRecs)
-	for i := range recs {
-		recs[i] = feed.Record{Key: feed.Key(fmt.Sprintf("k%08d", i)), Seq: feed.Seq(i + 1), Doc: doc300(i)}
-	}
+	recs := sinkRecords(sz.SinkApplyRecs)
 	tag := time.Now().UnixNano()
 	var rates, base []float64
 	for run := range sz.Runs {
@@ -55,22 +51,16 @@ func (e *env) measureMysql(ctx context.Context) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		start := time.Now()
-		for c := 0; c < len(recs); c += sz.SinkApplyBatch {
-			rej, err := sink.Apply(ctx, recs[c:min(len(recs), c+sz.SinkApplyBatch)])
-			if err != nil {
-				return nil, err
-			}
-			if len(rej) != 0 {
-				return nil, fmt.Errorf("mysql rejected %d records: %s", len(rej), rej[0].Reason)
-			}
+		rate, err := applyRate(ctx, "mysql", sink, recs, sz.SinkApplyBatch)
+		if err != nil {
+			return nil, err
 		}
-		rates = append(rates, float64(len(recs))/time.Since(start).Seconds())
+		rates = append(rates, rate)
 
 		if _, err := db.ExecContext(ctx, "CREATE TABLE `"+raw+"` LIKE `"+table+"`"); err != nil {
 			return nil, err
 		}
-		start = time.Now()
+		start := time.Now()
 		for c := 0; c < len(recs); c += sz.SinkApplyBatch {
 			batch := recs[c:min(len(recs), c+sz.SinkApplyBatch)]
 			var q strings.Builder

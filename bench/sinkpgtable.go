@@ -41,17 +41,11 @@ func (e *env) measurePgtable(ctx context.Context) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		start := time.Now()
-		for c := 0; c < len(recs); c += sz.SinkApplyBatch {
-			rej, err := sink.Apply(ctx, recs[c:min(len(recs), c+sz.SinkApplyBatch)])
-			if err != nil {
-				return nil, err
-			}
-			if len(rej) != 0 {
-				return nil, fmt.Errorf("pgtable rejected %d records: %s", len(rej), rej[0].Reason)
-			}
+		rate, err := applyRate(ctx, "pgtable", sink, recs, sz.SinkApplyBatch)
+		if err != nil {
+			return nil, err
 		}
-		rates = append(rates, float64(len(recs))/time.Since(start).Seconds())
+		rates = append(rates, rate)
 
 		raw := pgx.Identifier{s.name, fmt.Sprintf("raw_%d", run)}.Sanitize()
 		if _, err := admin.Exec(ctx, "CREATE TABLE "+raw+" (key text PRIMARY KEY, seq bigint NOT NULL, doc jsonb)"); err != nil {
@@ -59,7 +53,7 @@ func (e *env) measurePgtable(ctx context.Context) ([]Row, error) {
 		}
 		upsert := "INSERT INTO " + raw + ` AS t (key, seq, doc) SELECT * FROM unnest($1::text[], $2::bigint[], $3::jsonb[])
 			ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc WHERE t.seq < excluded.seq`
-		start = time.Now()
+		start := time.Now()
 		for c := 0; c < len(recs); c += sz.SinkApplyBatch {
 			end := min(len(recs), c+sz.SinkApplyBatch)
 			if _, err := admin.Exec(ctx, upsert, keys[c:end], seqs[c:end], docs[c:end]); err != nil {

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/sinks/webhook"
 )
 
@@ -28,10 +27,7 @@ func (e *env) measureWebhook(ctx context.Context) ([]Row, error) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
-	recs := make([]feed.Record, sz.SinkApplyRecs)
-	for i := range recs {
-		recs[i] = feed.Record{Key: feed.Key(fmt.Sprintf("k%08d", i)), Seq: feed.Seq(i + 1), Doc: doc300(i)}
-	}
+	recs := sinkRecords(sz.SinkApplyRecs)
 	var payloads [][]byte
 	for c := 0; c < len(recs); c += sz.SinkApplyBatch {
 		var b bytes.Buffer
@@ -53,22 +49,14 @@ func (e *env) measureWebhook(ctx context.Context) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		start := time.Now()
-		for c := 0; c < len(recs); c += sz.SinkApplyBatch {
-			rej, err := sink.Apply(ctx, recs[c:min(len(recs), c+sz.SinkApplyBatch)])
-			if err != nil {
-				sink.Close()
-				return nil, err
-			}
-			if len(rej) != 0 {
-				sink.Close()
-				return nil, fmt.Errorf("the receiver rejected %d records: %s", len(rej), rej[0].Reason)
-			}
-		}
-		rates = append(rates, float64(len(recs))/time.Since(start).Seconds())
+		rate, err := applyRate(ctx, "the receiver", sink, recs, sz.SinkApplyBatch)
 		sink.Close()
+		if err != nil {
+			return nil, err
+		}
+		rates = append(rates, rate)
 
-		start = time.Now()
+		start := time.Now()
 		for _, p := range payloads {
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, bytes.NewReader(p))
 			if err != nil {
