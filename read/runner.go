@@ -160,11 +160,22 @@ func (r *Runner[Tx]) Step(ctx context.Context) (int, error) {
 	return len(events), nil
 }
 
+// MaxResetsInARow bounds how many batches in a row CatchUp retries at once
+// after losing the checkpoint's compare-and-set to a reset (the checkpoint
+// found in a later epoch, or not ahead of where this runner read it). A loss
+// to a rival runner that moved the checkpoint forward is progress, made by
+// the rival, and is always retried at once; one reset is the normal cost of a
+// rebuild. A run of resets means something resets the checkpoint as fast as
+// this runner reads, and retrying without pause would spin against it:
+// CatchUp then returns the last *CheckpointSupersededError, so Run backs off.
+const MaxResetsInARow = 16
+
 // CatchUp steps until the projection is caught up with the source as read at
-// its last step, retrying a superseded batch at once. It returns how many
-// events it applied, and stops at the first other error.
+// its last step, retrying a superseded batch at once (up to MaxResetsInARow
+// losses to resets in a row). It returns how many events it applied, and
+// stops at the first other error.
 func (r *Runner[Tx]) CatchUp(ctx context.Context) (int, error) {
-	total := 0
+	total, resets := 0, 0
 	for {
 		n, err := r.Step(ctx)
 		total += n
@@ -173,12 +184,20 @@ func (r *Runner[Tx]) CatchUp(ctx context.Context) (int, error) {
 			if ctx.Err() != nil {
 				return total, ctx.Err()
 			}
+			var sup *CheckpointSupersededError
+			forward := errors.As(err, &sup) && sup.Actual.Epoch == sup.Expected.Epoch && sup.Actual.Position > sup.Expected.Position
+			if !forward {
+				if resets++; resets >= MaxResetsInARow {
+					return total, err
+				}
+			}
 			continue
 		case err != nil:
 			return total, err
 		case n == 0:
 			return total, nil
 		}
+		resets = 0
 	}
 }
 

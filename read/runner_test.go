@@ -355,3 +355,88 @@ func TestRunnerOptionsRefused(t *testing.T) {
 		}
 	}
 }
+
+// resettingSource resets the checkpoint during every read, as a reset loop
+// would: each batch CatchUp reads loses its compare-and-set.
+type resettingSource struct {
+	*source
+	store *read.MemoryStore
+	t     *testing.T
+}
+
+func (s resettingSource) ReadAll(ctx context.Context, after read.Position, limit int) ([]read.Event, error) {
+	if err := s.store.ResetCheckpoint(ctx, key); err != nil {
+		s.t.Error(err)
+	}
+	return s.source.ReadAll(ctx, after, limit)
+}
+
+// CatchUp gives up after MaxResetsInARow batches in a row lost to resets,
+// returning the loss so Run backs off instead of spinning; losses to a rival
+// that moved the checkpoint forward never count (TestRunnersRacing).
+func TestCatchUpBoundsResetLoop(t *testing.T) {
+	t.Parallel()
+	ctx := bounded(t)
+	src, store, v := &source{}, read.NewMemoryStore(), &view{}
+	src.add(3)
+	r, err := read.NewRunner(resettingSource{src, store, t}, store, key, v.apply, read.RunnerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.CatchUp(ctx)
+	var sup *read.CheckpointSupersededError
+	if !errors.As(err, &sup) || n != 0 {
+		t.Fatalf("CatchUp under a reset loop = %d, %v; want a superseded error", n, err)
+	}
+	if got := src.readCount(); got != read.MaxResetsInARow {
+		t.Fatalf("CatchUp read %d batches before giving up, want %d", got, read.MaxResetsInARow)
+	}
+	if got := v.positions(); len(got) != 0 {
+		t.Fatalf("lost batches were applied: %v", got)
+	}
+}
+
+// aheadSource lets a rival commit one event during each of CatchUp's reads,
+// so every batch CatchUp reads loses to a checkpoint moved forward.
+type aheadSource struct {
+	*source
+	store *read.MemoryStore
+	rival *view
+	t     *testing.T
+}
+
+func (s aheadSource) ReadAll(ctx context.Context, after read.Position, limit int) ([]read.Event, error) {
+	at, err := s.store.ReadCheckpoint(ctx, key)
+	if err != nil {
+		s.t.Error(err)
+	}
+	if events, _ := s.source.ReadAll(ctx, at.Position, 1); len(events) == 1 {
+		if err := s.store.Commit(ctx, key, at, events[0].Position, func(ctx context.Context, tx read.NoTx) error {
+			return s.rival.apply(ctx, tx, events)
+		}); err != nil {
+			s.t.Error(err)
+		}
+	}
+	return s.source.ReadAll(ctx, after, limit)
+}
+
+// Losses to a rival that moves the checkpoint forward are progress: CatchUp
+// retries them at once however many there are in a row, and returns once
+// the projection is caught up.
+func TestCatchUpRetriesRivalProgress(t *testing.T) {
+	t.Parallel()
+	ctx := bounded(t)
+	src, store, v, rival := &source{}, read.NewMemoryStore(), &view{}, &view{}
+	src.add(3 * read.MaxResetsInARow)
+	r, err := read.NewRunner(aheadSource{src, store, rival, t}, store, key, v.apply, read.RunnerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.CatchUp(ctx)
+	if err != nil || n != 0 {
+		t.Fatalf("CatchUp behind a rival = %d, %v; want 0 applied, no error", n, err)
+	}
+	if got := rival.positions(); !slices.Equal(got, upTo(3*read.MaxResetsInARow)) {
+		t.Fatalf("the rival applied %v, want every event once", got)
+	}
+}
