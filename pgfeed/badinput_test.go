@@ -104,6 +104,8 @@ func TestBadOptions(t *testing.T) {
 	}
 	_, err = pgfeed.New(t.Context(), pool, pgfeed.Options{ListenTimeout: -time.Second})
 	wantInvalid(t, "New(listen timeout -1s)", err, "options.listen_timeout")
+	_, err = pgfeed.New(t.Context(), pool, pgfeed.Options{ListenCheck: -time.Second})
+	wantInvalid(t, "New(listen check -1s)", err, "options.listen_check")
 	// A DBTX that is neither a pool nor a conn needs Options.Listen.
 	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	s, err := pgfeed.New(t.Context(), wrappedDB{d.pool}, pgfeed.Options{Schema: d.schema})

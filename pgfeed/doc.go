@@ -143,7 +143,9 @@
 // retried like a write and leaves the schema as it was. No error repeats a
 // connection string. A LISTEN connection that cannot be reached, or never
 // answers, costs wake-ups, never progress: each attempt is bounded by
-// Options.ListenTimeout, and while the listener is down Subscribe fails at
-// once so that workers poll (the listener's doc has the argument). Describe
+// Options.ListenTimeout, a session silent for Options.ListenCheck is checked
+// with a round trip so a network that drops packets silently is found, and
+// while the listener is down Subscribe fails at once so that workers poll
+// (the listener's doc has the argument). Describe
 // refuses a feed it does not know with a *feed.UnknownFeedError.
 package pgfeed

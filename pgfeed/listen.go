@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgschema"
@@ -36,6 +37,7 @@ import (
 type listener struct {
 	s       *Store
 	timeout time.Duration
+	check   time.Duration
 	cancel  context.CancelFunc
 	done    chan struct{}
 
@@ -71,6 +73,7 @@ func (s *Store) startListener() (*listener, error) {
 	l := &listener{
 		s:       s,
 		timeout: s.listenTimeout,
+		check:   s.listenCheck,
 		cancel:  cancel,
 		done:    make(chan struct{}),
 		subs:    make(map[feed.FeedName]map[*subscription]struct{}),
@@ -168,7 +171,7 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 	l.cursors.signalAll()
 	l.mu.Unlock()
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		n, err := l.next(ctx, conn)
 		if err != nil {
 			return true, err
 		}
@@ -181,6 +184,33 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 			}
 		}
 		l.mu.Unlock()
+	}
+}
+
+// next waits for the session's next notification. After Options.ListenCheck
+// of silence it checks the session with a round trip bounded by
+// Options.ListenTimeout, and fails if that gets no answer: a session only
+// waiting sends nothing, so a network that drops its packets silently shows
+// up nowhere else. A wait cut short by its deadline leaves the connection
+// usable (pgconn closes it only on errors other than timeouts).
+func (l *listener) next(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification, error) {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, l.check)
+		n, err := conn.WaitForNotification(wctx)
+		silent := err != nil && ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) && !conn.IsClosed()
+		cancel()
+		if !silent {
+			return n, err
+		}
+		pctx, cancel := context.WithTimeout(ctx, l.timeout)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("the session was silent for options.listen_check (%v) and did not answer a check within options.listen_timeout (%v): %w", l.check, l.timeout, err)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,4 +154,68 @@ func TestRebuildWakes(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up within 10s of a rebuild's commit")
 	}
+}
+
+// TestListenCheckFindsSilentPartition: a listener's session that only waits
+// sends nothing, so a network that drops its packets silently would leave it
+// trusted for as long as TCP takes to give up. After Options.ListenCheck of
+// silence the listener checks the session, and a check that gets no answer
+// within Options.ListenTimeout takes the listener down, which Subscribe then
+// reports at once, so workers know to poll.
+func TestListenCheckFindsSilentPartition(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	u, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newStallProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	s := newStore(t, d, pgfeed.Options{ListenCheck: 200 * time.Millisecond, ListenTimeout: time.Second, Listen: func(ctx context.Context) (*pgx.Conn, error) {
+		return pgx.Connect(ctx, u.String())
+	}})
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	sub, err := s.Subscribe(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	// Checks that get their answer keep the session: it still delivers.
+	time.Sleep(time.Second)
+	select {
+	case <-sub.C():
+	default:
+	}
+	if _, err := s.WriteCommitted(ctx, "f", []feed.Change{feed.Put("k", []byte(`{}`))}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up within 10s of a commit after several answered checks")
+	}
+	proxy.stall()
+	began := time.Now()
+	var errs []error
+	for time.Since(began) < 15*time.Second {
+		other, err := s.Subscribe(ctx, "f")
+		if err == nil {
+			other.Close()
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		errs = append(errs, err)
+		if strings.Contains(err.Error(), "options.listen_check") {
+			if !errors.Is(err, feed.ErrUnreadable) {
+				t.Fatalf("Subscribe after a failed check = %v; want an UnreadableError", err)
+			}
+			if took := time.Since(began); took > 8*time.Second {
+				t.Fatalf("the silent session was found after %v; want within a check and its timeout", took)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the listener still trusted its silent session 15s after the network went dark; Subscribe errors seen: %v", errs)
 }

@@ -27,6 +27,9 @@ const (
 	// session and LISTEN. A server that takes longer is treated as down:
 	// workers poll, and the listener tries again with a backoff.
 	DefaultListenTimeout = 5 * time.Second
+	// DefaultListenCheck is how long the listener's session may stay silent
+	// before the listener asks the server whether it is still there.
+	DefaultListenCheck = 30 * time.Second
 )
 
 // DBTX is what the store runs its statements on: a *pgxpool.Pool in
@@ -79,6 +82,17 @@ type Options struct {
 	// a connection and never answers costs an attempt, not the wake-ups for
 	// good. Must not be negative. Defaults to DefaultListenTimeout.
 	ListenTimeout time.Duration
+	// ListenCheck is how long the listener's session may go without a
+	// notification before the listener checks it with a round trip, bounded
+	// by ListenTimeout. A session waiting for notifications sends nothing,
+	// so a network that silently drops its packets (a partition, a NAT or
+	// firewall that forgot the connection, a server host gone dark) is seen
+	// only by such a check: without it the listener would trust a dead
+	// session for as long as TCP takes to give up, and workers would wait a
+	// full poll for every commit. A failed check ends the session; the
+	// listener reconnects and workers poll meanwhile. Must not be negative.
+	// Defaults to DefaultListenCheck.
+	ListenCheck time.Duration
 	// Logger receives lease renewal failures and listener reconnects.
 	// Defaults to slog.Default().
 	Logger *slog.Logger

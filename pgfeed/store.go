@@ -36,6 +36,8 @@ type Store struct {
 	listen   func(ctx context.Context) (*pgx.Conn, error)
 	// listenTimeout is Options.ListenTimeout, resolved.
 	listenTimeout time.Duration
+	// listenCheck is Options.ListenCheck, resolved.
+	listenCheck time.Duration
 }
 
 var (
@@ -73,6 +75,12 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 	case opts.ListenTimeout == 0:
 		opts.ListenTimeout = DefaultListenTimeout
 	}
+	switch {
+	case opts.ListenCheck < 0:
+		return nil, feed.Invalid("options.listen_check", "is %v; durations must be positive", opts.ListenCheck)
+	case opts.ListenCheck == 0:
+		opts.ListenCheck = DefaultListenCheck
+	}
 	if err := n.migrations().Check(ctx, db); err != nil {
 		return nil, err
 	}
@@ -94,6 +102,7 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 		listen:   opts.Listen,
 
 		listenTimeout: opts.ListenTimeout,
+		listenCheck:   opts.ListenCheck,
 	}
 	if s.advisory != nil {
 		if err := checkSessionPool(ctx, s.advisory); err != nil {
