@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/kairos-es/kairos/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// kairos runs one command line and returns its exit code and output.
+func kairos(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code = run(ctx, args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kairos.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestUsageMistakesExitTwo(t *testing.T) {
+	for _, args := range [][]string{{"bogus"}, {"--nope"}, {"version", "extra"}, {"config", "nope"}, {"migrate", "--print=maybe"}} {
+		code, _, stderr := kairos(t, args...)
+		if code != exitUsage || !strings.HasPrefix(stderr, "kairos: ") {
+			t.Errorf("kairos %v = exit %d, %q; want exit %d with a message", args, code, stderr, exitUsage)
+		}
+	}
+	if code, out, _ := kairos(t, "--help"); code != exitOK || !strings.Contains(out, "Exit codes") {
+		t.Errorf("--help = exit %d, %q", code, out)
+	}
+	if code, out, _ := kairos(t, "version"); code != exitOK || !strings.HasPrefix(out, "kairos ") {
+		t.Errorf("version = exit %d, %q", code, out)
+	}
+}
+
+func TestConfigCheck(t *testing.T) {
+	good := writeConfig(t, `database:
+  url: ${KAIROS_TEST_CHECK_URL}
+feeds:
+  orders:
+    sinks:
+      table:
+        type: pgtable
+        url: postgres://x@db/x
+        table: orders
+      hook:
+        type: webhook
+        url: https://example.com/hook
+        secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw]
+        timeout: 5s
+`)
+	t.Setenv("KAIROS_TEST_CHECK_URL", "postgres://app:pw@db/app")
+	code, out, stderr := kairos(t, "config", "check", "-c", good)
+	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 2 sinks") {
+		t.Fatalf("check of a good file = exit %d, %q, %q", code, out, stderr)
+	}
+	bad := writeConfig(t, `database:
+  url: ${KAIROS_TEST_CHECK_URL}
+  shema: x
+feeds:
+  orders:
+    sinks:
+      table:
+        type: pgtabel
+      hook:
+        type: webhook
+        url: https://example.com/hook
+        timeout: soon
+`)
+	code, _, stderr = kairos(t, "config", "check", "--config", bad)
+	if code != exitUsage {
+		t.Fatalf("check of a bad file = exit %d, %q; want %d", code, stderr, exitUsage)
+	}
+	for _, want := range []string{
+		"4 mistakes",
+		bad + `:3:3: database.shema: is not a known key; did you mean "schema"?`,
+		bad + `:8:15: feeds.orders.sinks.table.type: is not a sink type; did you mean "pgtable"?`,
+		"feeds.orders.sinks.hook.secrets: is required",
+		bad + ":12:18: feeds.orders.sinks.hook.timeout: is not a duration",
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("the check's report lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "pw@") {
+		t.Errorf("the report repeats the database password:\n%s", stderr)
+	}
+	// Without a file: where it was looked for, and how to name one.
+	t.Setenv("KAIROS_CONFIG", "")
+	t.Chdir(t.TempDir())
+	if code, _, stderr := kairos(t, "config", "check"); code != exitUsage || !strings.Contains(stderr, "kairos.yaml does not exist") || !strings.Contains(stderr, "--config") {
+		t.Errorf("check without a file = exit %d, %q", code, stderr)
+	}
+	if code, _, stderr := kairos(t, "config", "check", "-c", "missing.yaml"); code != exitUsage || !strings.Contains(stderr, "missing.yaml does not exist") {
+		t.Errorf("check of a missing named file = exit %d, %q", code, stderr)
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	schema := pgtest.Schema(t)
+	cfg := writeConfig(t, "database:\n  url: "+pgtest.URL()+"\n  schema: "+schema+"\n")
+	code, out, stderr := kairos(t, "migrate", "--print", "-c", cfg)
+	if code != exitOK || !strings.Contains(out, "-- pgfeed") || !strings.Contains(out, "-- pgread") || !strings.Contains(out, `"`+schema+`"`) {
+		t.Fatalf("migrate --print = exit %d, stderr %q, output of %d bytes", code, stderr, len(out))
+	}
+	conn, err := pgx.Connect(t.Context(), pgtest.URL())
+	if err != nil {
+		pgtest.Unavailable(t, "the test database", err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("--print touched the database: %d schemas named %s, %v", n, schema, err)
+	}
+	code, out, stderr = kairos(t, "migrate", "-c", cfg)
+	if code != exitOK || !strings.Contains(out, "pgfeed: applied 1") || !strings.Contains(out, "pgread: applied 1, 2") {
+		t.Fatalf("migrate = exit %d, %q, %q", code, out, stderr)
+	}
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n); err != nil || n < 4 {
+		t.Fatalf("after migrate the schema has %d tables, %v", n, err)
+	}
+	code, out, _ = kairos(t, "migrate", "-c", cfg)
+	if code != exitOK || out != "pgfeed: up to date\npgread: up to date\n" {
+		t.Fatalf("a second migrate = exit %d, %q", code, out)
+	}
+}
+
+// A database that cannot be reached fails with exit 1 and never repeats
+// the connection string's password.
+func TestMigrateUnreachableRedacts(t *testing.T) {
+	const pw = "Sup3r-s3cret-pw"
+	cfg := writeConfig(t, "database:\n  url: postgres://app:"+pw+"@"+pgtest.ClosedPort(t)+"/app?connect_timeout=2\n")
+	code, _, stderr := kairos(t, "migrate", "-c", cfg)
+	if code != exitFailure || stderr == "" {
+		t.Fatalf("migrate to a closed port = exit %d, %q", code, stderr)
+	}
+	if strings.Contains(stderr, pw) {
+		t.Fatalf("the error repeats the password: %s", stderr)
+	}
+	bad := writeConfig(t, "database:\n  url: \"postgres://app:"+pw+"@host:notaport/app\"\n")
+	code, _, stderr = kairos(t, "migrate", "-c", bad)
+	if code == exitOK || strings.Contains(stderr, pw) {
+		t.Fatalf("migrate with an unparsable URL = exit %d, %q", code, stderr)
+	}
+}

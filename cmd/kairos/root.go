@@ -1,0 +1,172 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kairos-es/kairos/internal/config"
+)
+
+// defaultConfig is the file read when neither --config nor KAIROS_CONFIG
+// names one.
+const defaultConfig = "kairos.yaml"
+
+type cli struct {
+	stdout, stderr io.Writer
+	configPath     string
+	configSet      bool
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	c := &cli{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "kairos",
+		Short: "Mirror PostgreSQL read models into the systems that serve them",
+		Long: `kairos syncs feeds kept in PostgreSQL to their sinks — tables, caches,
+buses, search indexes, webhooks — and lets you see and repair where each one
+stands.
+
+Configuration comes from one YAML file (--config, or $KAIROS_CONFIG, or
+./kairos.yaml). Strings in it may take ${NAME} from the environment, which is
+how passwords stay out of the file.
+
+Exit codes: 0 ok, 1 failure, 2 usage or configuration mistake, 3 refused
+because another process holds a lease.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cmd.Help()
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())}
+	})
+	root.PersistentFlags().StringVarP(&c.configPath, "config", "c", "", "configuration file (default $KAIROS_CONFIG, or ./"+defaultConfig+")")
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+		c.configSet = cmd.Flags().Changed("config")
+		if !c.configSet {
+			if env := os.Getenv("KAIROS_CONFIG"); env != "" {
+				c.configPath, c.configSet = env, true
+			} else {
+				c.configPath = defaultConfig
+			}
+		}
+	}
+	root.AddCommand(c.versionCmd(), c.configCmd(), c.migrateCmd())
+	return root
+}
+
+// noArgs refuses arguments as a usage mistake, naming the command's
+// subcommands when there are some.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if cmd.HasSubCommands() {
+		return usagef("%q is not a command of %s (see %s --help)", args[0], cmd.CommandPath(), cmd.CommandPath())
+	}
+	return usagef("%s takes no arguments, got %q", cmd.CommandPath(), strings.Join(args, " "))
+}
+
+// load reads and checks the configuration file. A file that was not named
+// and is absent is reported as such, with where it was looked for.
+func (c *cli) load() (*config.Config, error) {
+	cfg, err := config.Load(c.configPath, config.ParseOptions{SinkTypes: sinkTypes()})
+	if errors.Is(err, fs.ErrNotExist) {
+		if c.configSet {
+			return nil, usagef("configuration file %s does not exist", c.configPath)
+		}
+		return nil, usagef("no configuration file: %s does not exist (name one with --config or $KAIROS_CONFIG)", c.configPath)
+	}
+	return cfg, err
+}
+
+func (c *cli) versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of this build",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(c.stdout, version())
+			return nil
+		},
+	}
+}
+
+// version is the module's version and the commit it was built from, as far
+// as the build recorded them.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "kairos (no build information)"
+	}
+	v := info.Main.Version
+	if v == "" || v == "(devel)" {
+		v = "devel"
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	out := "kairos " + v
+	if rev != "" {
+		out += " (" + rev[:min(12, len(rev))] + dirty + ")"
+	}
+	return out + " " + info.GoVersion
+}
+
+func (c *cli) configCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Work with the configuration file",
+		Args:  noArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "check",
+		Short: "Check the configuration file without connecting to anything",
+		Long: `check reads the configuration file and reports every mistake in it — an
+unknown key (with the nearest known one), a value of the wrong kind, a bad
+duration, an unknown sink type, a missing required key, a name used twice,
+an environment variable that is not set — each with its path in the file and
+its line. It connects to nothing. Exit code 2 when the file has mistakes.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := c.load()
+			if err != nil {
+				return err
+			}
+			sinks := 0
+			for _, f := range cfg.Feeds {
+				sinks += len(f.Sinks)
+			}
+			fmt.Fprintf(c.stdout, "%s: ok: %d %s, %d %s\n", c.configPath, len(cfg.Feeds), plural(len(cfg.Feeds), "feed", "feeds"), sinks, plural(sinks, "sink", "sinks"))
+			return nil
+		},
+	})
+	return cmd
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"time"
+
+	"github.com/kairos-es/kairos/internal/config"
+)
+
+// sinkTypes is the one table of the sink types a configuration file may
+// name: each entry gives the options its section takes, with their
+// defaults. A new sink appears in the command by adding its row here.
+func sinkTypes() map[string]config.SinkType {
+	return map[string]config.SinkType{
+		"pgtable": {Options: func() any { return &pgtableConfig{} }},
+		"mysql":   {Options: func() any { return &mysqlConfig{} }},
+		"webhook": {Options: func() any { return &webhookConfig{} }},
+	}
+}
+
+// pgtableConfig is a pgtable sink's section: the target database and the
+// table (sinks/pgtable's Options).
+type pgtableConfig struct {
+	URL       string `yaml:"url,required"`
+	Schema    string `yaml:"schema"`
+	Table     string `yaml:"table,required"`
+	KeyColumn string `yaml:"key_column"`
+	SeqColumn string `yaml:"seq_column"`
+	DocColumn string `yaml:"doc_column"`
+	Columns   []struct {
+		Name string `yaml:"name,required"`
+		Path string `yaml:"path,required"`
+		Type string `yaml:"type,required"`
+	} `yaml:"columns"`
+	Create bool `yaml:"create"`
+}
+
+// mysqlConfig is a MariaDB or MySQL sink's section (sinks/mysql's Options).
+type mysqlConfig struct {
+	DSN         string `yaml:"dsn,required"`
+	Table       string `yaml:"table,required"`
+	Create      bool   `yaml:"create"`
+	NoJSONCheck bool   `yaml:"no_json_check"`
+}
+
+// webhookConfig is a webhook sink's section (sinks/webhook's Options).
+type webhookConfig struct {
+	URL           string        `yaml:"url,required"`
+	Secrets       []string      `yaml:"secrets,required"`
+	Timeout       time.Duration `yaml:"timeout"`
+	MaxBodyBytes  int           `yaml:"max_body_bytes"`
+	AllowLoopback bool          `yaml:"allow_loopback"`
+	AllowPrivate  bool          `yaml:"allow_private"`
+}
