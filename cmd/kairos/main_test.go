@@ -161,3 +161,24 @@ func TestMigrateUnreachableRedacts(t *testing.T) {
 		t.Fatalf("migrate with an unparsable URL = exit %d, %q", code, stderr)
 	}
 }
+
+// The README's example file checks, so the example a newcomer copies works.
+func TestREADMEExampleChecks(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "## The `kairos` command")
+	_, block, ok2 := strings.Cut(after, "```yaml\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("the README has no example configuration under its kairos command section")
+	}
+	for _, v := range []string{"KAIROS_DB_PASSWORD", "REPLICA_URL", "WEBHOOK_SECRET"} {
+		t.Setenv(v, "x")
+	}
+	t.Setenv("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	if code, out, stderr := kairos(t, "config", "check", "-c", writeConfig(t, block)); code != exitOK {
+		t.Fatalf("the README's example = exit %d, %q, %q", code, out, stderr)
+	}
+}
