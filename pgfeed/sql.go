@@ -111,6 +111,9 @@ type statements struct {
 	// snapshot, whether the feed is known: it has a generations row or a
 	// registered sink (a cursor row).
 	describeFeed string
+	// listFeeds names every feed Describe knows: written to, or with a
+	// registered sink.
+	listFeeds string
 	// describeSinks and describeParked are the per-sink report. A sink's
 	// pending count is the rows above its cursor. Counted once per sink, that
 	// reads rows × sinks index entries; describeSinks instead counts the rows
@@ -230,6 +233,7 @@ WHERE feed = $1::text AND sink = $2::text
 RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
+		listFeeds: `SELECT feed FROM ` + g + ` UNION SELECT feed FROM ` + c + ` ORDER BY 1`,
 		describeFeed: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0),
 	count(*) > 0 OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text)
 FROM ` + g + ` WHERE feed = $1::text`,

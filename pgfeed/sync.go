@@ -281,6 +281,24 @@ func (s *Store) RemoveSink(ctx context.Context, id feed.SinkID) (bool, error) {
 	return removed, nil
 }
 
+// Feeds names every feed Describe knows, in name order: each feed written
+// to, and each with a registered sink.
+func (s *Store) Feeds(ctx context.Context) ([]feed.FeedName, error) {
+	rows, err := s.db.Query(ctx, s.sql.listFeeds)
+	if err != nil {
+		return nil, feed.Unreadable("listing feeds", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, feed.Unreadable("listing feeds", err)
+	}
+	out := make([]feed.FeedName, len(names))
+	for i, n := range names {
+		out[i] = feed.FeedName(n)
+	}
+	return out, nil
+}
+
 // Describe reports f for an operator, or refuses a feed it does not know
 // (no generations row and no registered sink, judged in one statement); see
 // feed.SyncStore and feed.Description. It is three reads, each its own
