@@ -233,7 +233,7 @@ WHERE feed = $1::text AND sink = $2::text
 RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
-		listFeeds: `SELECT feed FROM ` + g + ` UNION SELECT feed FROM ` + c + ` ORDER BY 1`,
+		listFeeds:    `SELECT feed FROM ` + g + ` UNION SELECT feed FROM ` + c + ` ORDER BY 1`,
 		describeFeed: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0),
 	count(*) > 0 OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text)
 FROM ` + g + ` WHERE feed = $1::text`,
