@@ -62,7 +62,7 @@ because another process holds a lease.`,
 			}
 		}
 	}
-	root.AddCommand(c.versionCmd(), c.configCmd(), c.migrateCmd())
+	root.AddCommand(c.versionCmd(), c.configCmd(), c.migrateCmd(), c.describeCmd())
 	return root
 }
 
