@@ -160,13 +160,6 @@ leases are.`,
 	return cmd
 }
 
-// store is what the operator verbs need of pgfeed.
-type store interface {
-	Feeds(ctx context.Context) ([]feed.FeedName, error)
-	Describe(ctx context.Context, f feed.FeedName) (feed.Description, error)
-	Now(ctx context.Context) (time.Time, error)
-}
-
 type pgStore struct {
 	*pgfeed.Store
 	pool *pgxpool.Pool
@@ -197,7 +190,7 @@ func openStore(ctx context.Context, cfg *config.Config) (pgStore, func(), error)
 	return pgStore{Store: st, pool: pool}, func() { st.Close(); pool.Close() }, nil
 }
 
-func describe(ctx context.Context, st store, name feed.FeedName) ([]feedView, error) {
+func describe(ctx context.Context, st pgStore, name feed.FeedName) ([]feedView, error) {
 	names := []feed.FeedName{name}
 	if name == "" {
 		var err error
