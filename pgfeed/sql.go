@@ -111,6 +111,11 @@ type statements struct {
 	// snapshot, whether the feed is known: it has a generations row or a
 	// registered sink (a cursor row).
 	describeFeed string
+	// traceKey reads, in one snapshot, the feed's generation and head, the
+	// key's row, and per registered sink its cursor, the key's parked record
+	// and how many rows lie between the cursor and the key's row; one row
+	// with a NULL sink when none is registered. known says the feed exists.
+	traceKey string
 	// listFeeds names every feed Describe knows: written to, or with a
 	// registered sink.
 	listFeeds string
@@ -233,7 +238,19 @@ WHERE feed = $1::text AND sink = $2::text
 RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
-		listFeeds:    `SELECT feed FROM ` + g + ` UNION SELECT feed FROM ` + c + ` ORDER BY 1`,
+		traceKey: `WITH g AS (SELECT generation, head FROM ` + g + ` WHERE feed = $1::text),
+k AS (SELECT seq, doc FROM ` + r + ` WHERE feed = $1::text AND key = $2::text)
+SELECT coalesce((SELECT generation FROM g), 1), coalesce((SELECT head FROM g), 0),
+	EXISTS (SELECT 1 FROM g) OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text),
+	(SELECT seq FROM k), (SELECT doc FROM k),
+	c.sink, c.generation, c.seq, p.seq, p.reason, p.parked_at,
+	CASE WHEN c.seq < (SELECT seq FROM k) THEN
+		(SELECT count(*) FROM ` + r + ` x WHERE x.feed = $1::text AND x.seq > c.seq AND x.seq < (SELECT seq FROM k)) END
+FROM (SELECT 1) one
+LEFT JOIN ` + c + ` c ON c.feed = $1::text
+LEFT JOIN ` + p + ` p ON p.feed = c.feed AND p.sink = c.sink AND p.key = $2::text
+ORDER BY c.sink`,
+		listFeeds: `SELECT feed FROM ` + g + ` UNION SELECT feed FROM ` + c + ` ORDER BY 1`,
 		describeFeed: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0),
 	count(*) > 0 OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text)
 FROM ` + g + ` WHERE feed = $1::text`,
