@@ -19,7 +19,12 @@ import (
 // a feed store on it.
 func migrated(t *testing.T) (cfg string, st *pgfeed.Store) {
 	t.Helper()
-	schema := pgtest.Schema(t)
+	return migratedOn(t, pgtest.Schema(t))
+}
+
+// migratedOn is migrated for a schema the test named.
+func migratedOn(t *testing.T, schema string) (cfg string, st *pgfeed.Store) {
+	t.Helper()
 	cfg = writeConfig(t, "database:\n  url: "+pgtest.URL()+"\n  schema: "+schema+"\n")
 	if code, out, stderr := kairos(t, "migrate", "-c", cfg); code != exitOK {
 		t.Fatalf("migrate = exit %d, %q, %q", code, out, stderr)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +27,19 @@ func kairos(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	code = run(ctx, args, &out, &errb)
 	return code, out.String(), errb.String()
 }
+
+// syncWriter is a buffer safe for a daemon's goroutines to log into.
+type syncWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+func (w *syncWriter) String() string { w.mu.Lock(); defer w.mu.Unlock(); return w.b.String() }
 
 func writeConfig(t *testing.T, text string) string {
 	t.Helper()

@@ -28,7 +28,7 @@ type pgtableConfig struct {
 	DocColumn string `yaml:"doc_column"`
 	Columns   []struct {
 		Name string `yaml:"name,required"`
-		Path string `yaml:"path,required"`
+		Path string `yaml:"path"`
 		Type string `yaml:"type,required"`
 	} `yaml:"columns"`
 	Create bool `yaml:"create"`

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kairos-es/kairos/syncer"
+)
+
+// workerCollector turns the workers' states into metrics at each scrape, so
+// the figures are the workers' own and nothing is counted twice. Labels are
+// feed and sink; no metric carries an error's text, which could hold what a
+// target answered.
+type workerCollector struct {
+	runners []*syncer.Runner
+}
+
+var (
+	labels         = []string{"feed", "sink"}
+	mHead          = prometheus.NewDesc("kairos_feed_head", "The feed's head seq at the worker's last read.", labels, nil)
+	mCursor        = prometheus.NewDesc("kairos_sink_cursor_seq", "The seq the sink's cursor stands at, as this worker last read or moved it.", labels, nil)
+	mGeneration    = prometheus.NewDesc("kairos_sink_cursor_generation", "The generation the sink's cursor is in.", labels, nil)
+	mLag           = prometheus.NewDesc("kairos_sink_lag", "Seqs between the head and the cursor when the last read filled a whole batch; 0 when caught up.", labels, nil)
+	mParked        = prometheus.NewDesc("kairos_sink_parked", "Records parked for the sink, as far as the worker knows.", labels, nil)
+	mLeaseHeld     = prometheus.NewDesc("kairos_sink_lease_held", "1 while this process holds the sink's lease.", labels, nil)
+	mFailing       = prometheus.NewDesc("kairos_sink_failing", "1 while the worker's last fault stands (it has not recovered from it yet).", labels, nil)
+	mWakeUps       = prometheus.NewDesc("kairos_sink_wakeups", "1 while the worker is subscribed to the feed's wake-ups; 0 means it polls.", labels, nil)
+	mApplied       = prometheus.NewDesc("kairos_sink_records_applied_total", "Records the sink took and a cursor move landed past, each once.", labels, nil)
+	mSent          = prometheus.NewDesc("kairos_sink_records_sent_total", "Records handed to the sink in calls that change it, resends included.", labels, nil)
+	mResyncs       = prometheus.NewDesc("kairos_sink_resyncs_total", "Resyncs published.", labels, nil)
+	mLastAdvance   = prometheus.NewDesc("kairos_sink_last_advance_timestamp_seconds", "When this worker last moved the cursor, as a Unix time; absent if never.", labels, nil)
+	mLastErrorTime = prometheus.NewDesc("kairos_sink_last_error_timestamp_seconds", "When the worker last met a fault, as a Unix time; absent if never.", labels, nil)
+)
+
+func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{mHead, mCursor, mGeneration, mLag, mParked, mLeaseHeld, mFailing, mWakeUps, mApplied, mSent, mResyncs, mLastAdvance, mLastErrorTime} {
+		ch <- d
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.runners {
+		for _, s := range r.States() {
+			l := []string{string(s.ID.Feed), string(s.ID.Sink)}
+			g := func(d *prometheus.Desc, v float64) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+			}
+			n := func(d *prometheus.Desc, v float64) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+			}
+			g(mHead, float64(s.Head))
+			g(mCursor, float64(s.Cursor.Seq))
+			g(mGeneration, float64(s.Cursor.Generation))
+			g(mLag, float64(s.Lag))
+			g(mParked, float64(s.Parked))
+			g(mLeaseHeld, b2f(s.LeaseHeld))
+			g(mFailing, b2f(failing(s)))
+			g(mWakeUps, b2f(s.WakeUps))
+			n(mApplied, float64(s.RecordsApplied))
+			n(mSent, float64(s.RecordsSent))
+			n(mResyncs, float64(s.Resyncs))
+			if !s.LastAdvance.IsZero() {
+				g(mLastAdvance, float64(s.LastAdvance.UnixNano())/1e9)
+			}
+			if !s.LastErrorAt.IsZero() {
+				g(mLastErrorTime, float64(s.LastErrorAt.UnixNano())/1e9)
+			}
+		}
+	}
+}
+
+// failing says the worker's last fault stands.
+func failing(s syncer.State) bool { return s.LastError != nil && s.RecoveredAt.IsZero() }
+
+// handler serves /healthz, /readyz and /metrics.
+func handler(runners []*syncer.Runner) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(workerCollector{runners: runners}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		type sinkReady struct {
+			Feed    string `json:"feed"`
+			Sink    string `json:"sink"`
+			Phase   string `json:"phase"`
+			Leased  bool   `json:"lease_held"`
+			Failing bool   `json:"failing"`
+		}
+		var out struct {
+			Ready bool        `json:"ready"`
+			Sinks []sinkReady `json:"sinks"`
+		}
+		out.Ready = true
+		for _, r := range runners {
+			for _, s := range r.States() {
+				f := failing(s)
+				out.Ready = out.Ready && !f
+				out.Sinks = append(out.Sinks, sinkReady{Feed: string(s.ID.Feed), Sink: string(s.ID.Sink), Phase: string(s.Phase), Leased: s.LeaseHeld, Failing: f})
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if !out.Ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	return mux
+}
