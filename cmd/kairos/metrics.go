@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/syncer"
 )
 
@@ -83,8 +85,17 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 // failing says the worker's last fault stands.
 func failing(s syncer.State) bool { return s.LastError != nil && s.RecoveredAt.IsZero() }
 
-// handler serves /healthz, /readyz and /metrics.
-func handler(runners []*syncer.Runner) http.Handler {
+// settled says the worker holds its lease now, or was refused it by a
+// rival it can name: the worker is either doing its job or rightly leaving
+// it to another process. A worker that cannot reach the database to take
+// its lease is neither, and keeps the daemon unready.
+func settled(s syncer.State) bool {
+	return s.LeaseHeld || s.WaitingFor != "" || s.Phase == syncer.PhaseStandby
+}
+
+// handler serves /healthz, /readyz, /metrics and the feeds' descriptions
+// under /v1/feeds.
+func handler(runners []*syncer.Runner, st pgStore, url string) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(workerCollector{runners: runners}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
@@ -109,7 +120,7 @@ func handler(runners []*syncer.Runner) http.Handler {
 		for _, r := range runners {
 			for _, s := range r.States() {
 				f := failing(s)
-				out.Ready = out.Ready && !f
+				out.Ready = out.Ready && settled(s)
 				out.Sinks = append(out.Sinks, sinkReady{Feed: string(s.ID.Feed), Sink: string(s.ID.Sink), Phase: string(s.Phase), Leased: s.LeaseHeld, Failing: f})
 			}
 		}
@@ -118,6 +129,36 @@ func handler(runners []*syncer.Runner) http.Handler {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		_ = json.NewEncoder(w).Encode(out)
+	})
+	feeds := func(w http.ResponseWriter, r *http.Request, name feed.FeedName) {
+		views, err := describe(r.Context(), st, name)
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case errors.Is(err, feed.ErrUnknownFeed):
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "unknown feed"})
+			return
+		case err != nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": redactErr(err, url).Error()})
+			return
+		}
+		if name != "" {
+			_ = json.NewEncoder(w).Encode(views[0])
+			return
+		}
+		_ = json.NewEncoder(w).Encode(views)
+	}
+	mux.HandleFunc("GET /v1/feeds", func(w http.ResponseWriter, r *http.Request) { feeds(w, r, "") })
+	mux.HandleFunc("GET /v1/feeds/{feed}", func(w http.ResponseWriter, r *http.Request) {
+		name := feed.FeedName(r.PathValue("feed"))
+		if err := name.Validate(); err != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "not a feed name"})
+			return
+		}
+		feeds(w, r, name)
 	})
 	return mux
 }

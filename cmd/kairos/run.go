@@ -31,8 +31,8 @@ target checked, before any worker starts: a sink that cannot be reached or is
 configured wrong stops the start with its path in the file.
 
 The HTTP listener (http.listen, default 127.0.0.1:9187) serves /healthz (the
-process runs), /readyz (every worker is working or standing by, none failing
-now) and /metrics (Prometheus).
+process runs), /readyz (every worker has taken its lease or been refused
+it), /metrics (Prometheus) and /v1/feeds, /v1/feeds/FEED (describe, as JSON).
 
 SIGINT or SIGTERM stops the workers, each after its call in flight, releases
 their leases so another daemon takes over at once, and exits 0.`,
@@ -113,7 +113,7 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("http.listen: %w", err)
 	}
-	srv := &http.Server{Handler: handler(runners), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: handler(runners, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("kairos running", "feeds", len(cfg.Feeds), "sinks", len(built), "http", ln.Addr().String(), "lease", leaseKind(cfg.Lease.Kind))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/syncer"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -100,6 +101,22 @@ feeds:
 		t.Errorf("/readyz = %d %q", code, body)
 	}
 	// 300 keys, one row each: the delete replaced k000's row (compaction).
+	var fv []feedView
+	code, body = get(t, "http://"+addr+"/v1/feeds")
+	if err := json.Unmarshal([]byte(body), &fv); code != 200 || err != nil || len(fv) != 1 || fv[0].Feed != "orders" || fv[0].Head != n+1 {
+		t.Errorf("/v1/feeds = %d %q", code, body)
+	}
+	var one feedView
+	code, body = get(t, "http://"+addr+"/v1/feeds/orders")
+	if err := json.Unmarshal([]byte(body), &one); code != 200 || err != nil || len(one.Sinks) != 1 || one.Sinks[0].Sink != "table" {
+		t.Errorf("/v1/feeds/orders = %d %q", code, body)
+	}
+	if code, body = get(t, "http://"+addr+"/v1/feeds/nosuch"); code != 404 {
+		t.Errorf("/v1/feeds/nosuch = %d %q", code, body)
+	}
+	if code, body = get(t, "http://"+addr+"/v1/feeds/a%20b"); code != 400 {
+		t.Errorf("/v1/feeds/a b = %d %q", code, body)
+	}
 	want := `kairos_sink_records_applied_total{feed="orders",sink="table"} ` + fmt.Sprint(n)
 	for {
 		code, body = get(t, "http://"+addr+"/metrics")
@@ -185,4 +202,26 @@ func grepLines(s, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// /readyz waits for every worker to hold its lease or be refused it by a
+// named rival; a worker that cannot take it for another reason keeps the
+// daemon unready.
+func TestSettled(t *testing.T) {
+	for _, c := range []struct {
+		s    syncer.State
+		want bool
+	}{
+		{syncer.State{Phase: syncer.PhaseStarting}, false},
+		{syncer.State{Phase: syncer.PhaseAcquiring}, false},
+		{syncer.State{Phase: syncer.PhaseBackoff}, false},
+		{syncer.State{Phase: syncer.PhaseSending, LeaseHeld: true}, true},
+		{syncer.State{Phase: syncer.PhaseIdle, LeaseHeld: true}, true},
+		{syncer.State{Phase: syncer.PhaseStandby}, true},
+		{syncer.State{Phase: syncer.PhaseAcquiring, WaitingFor: "rival"}, true},
+	} {
+		if got := settled(c.s); got != c.want {
+			t.Errorf("settled(%s, held %v, waiting for %q) = %v", c.s.Phase, c.s.LeaseHeld, c.s.WaitingFor, got)
+		}
+	}
 }
