@@ -16,7 +16,20 @@ import (
 	"github.com/kairos-es/kairos/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain runs the tests, or, when a test started this binary again as a
+// daemon (asDaemon set), the kairos command itself, so the subprocess tests
+// run the real command without a separate build.
+func TestMain(m *testing.M) {
+	if os.Getenv(asDaemon) == "1" {
+		main()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// asDaemon, set in a subprocess's environment, makes the test binary the
+// kairos command.
+const asDaemon = "KAIROS_TEST_RUN_AS_COMMAND"
 
 // kairos runs one command line and returns its exit code and output.
 func kairos(t *testing.T, args ...string) (code int, stdout, stderr string) {
