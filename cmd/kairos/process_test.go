@@ -151,7 +151,10 @@ feeds:
 
 	a := startDaemon(t, cfg, pgtest.ClosedPort(t))
 	held := func(d *daemonProc) func() bool {
-		return func() bool { v, ok := value(d.metrics(), "kairos_sink_lease_held", "orders", "table"); return ok && v == 1 }
+		return func() bool {
+			v, ok := value(d.metrics(), "kairos_sink_lease_held", "orders", "table")
+			return ok && v == 1
+		}
 	}
 	waitFor(t, "daemon A holds the lease", 30*time.Second, held(a), a.logs)
 	b := startDaemon(t, cfg, pgtest.ClosedPort(t))
