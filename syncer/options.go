@@ -111,6 +111,21 @@ type Options struct {
 	// Logger receives the worker's faults and lease changes. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// Observer, when set, hears of every sink call as it ends (metrics: the
+	// calls' durations and failures by operation). Nil: nobody listens.
+	Observer Observer
+}
+
+// Observer hears of a worker's sink calls. SinkCall runs on the worker's
+// goroutine after each call, before the worker goes on, so it must return
+// at once: count, observe, never block or call back into the worker.
+type Observer interface {
+	// SinkCall reports one call of op ("apply", "open resync", "apply
+	// resync", "publish", "abort resync") on the sink of id: how long it took
+	// on the real clock (the one sink deadlines run on), and the error it
+	// ended with, nil when it succeeded. Rejections are a successful call's
+	// answer, not an error.
+	SinkCall(id feed.SinkID, op string, took time.Duration, err error)
 }
 
 // resolve fills the defaults and validates the result, naming the field of

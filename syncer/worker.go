@@ -879,6 +879,10 @@ func (w *Worker) sinkTimeoutFor(lease feed.Lease) time.Duration {
 func (w *Worker) call(ctx context.Context, op string, f func(context.Context) error) (err error) {
 	cctx, cancel := context.WithTimeout(ctx, w.sinkTimeout)
 	defer cancel()
+	if o := w.opts.Observer; o != nil {
+		began := time.Now()
+		defer func() { o.SinkCall(w.id, op, time.Since(began), err) }()
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			w.logPanic(ctx, op, r)

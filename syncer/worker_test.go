@@ -487,3 +487,62 @@ func TestResyncReplacesParked(t *testing.T) {
 		sameDocs(t, "sink", w.docs(), want)
 	})
 }
+
+// observed records what an Observer heard.
+type observed struct {
+	mu    sync.Mutex
+	calls []string // "op ok" or "op error"
+}
+
+func (o *observed) SinkCall(id feed.SinkID, op string, took time.Duration, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	res := "ok"
+	if err != nil {
+		res = "error"
+	}
+	if took < 0 {
+		res = "negative"
+	}
+	o.calls = append(o.calls, op+" "+res)
+}
+
+func (o *observed) list() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.calls)
+}
+
+// The Observer hears of every sink call with its operation and outcome: the
+// resync's open, applies and publish, then incremental applies, a failing
+// one as an error.
+func TestObserverHearsEverySinkCall(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		for i := range 150 {
+			e.write(feed.Put(key(i), doc(`{"n":%d}`, i)))
+		}
+		w := newWorld(e, "search")
+		obs := &observed{}
+		opts := testOptions(t, e)
+		opts.Observer = obs
+		var failed atomic.Bool
+		w.setHook(func(_ context.Context, c *call) error {
+			if c.Op == "apply" && failed.CompareAndSwap(false, true) {
+				return fmt.Errorf("target down")
+			}
+			return nil
+		})
+		one(t, e, w, "A", opts)
+		e.waitCaughtUp(w.id)
+		e.write(feed.Put(key(1), doc(`{"n":"one"}`)))
+		e.waitCaughtUp(w.id)
+		e.eventually("the incremental apply observed", e.limit(), func() bool {
+			return slices.Contains(obs.list(), "apply ok")
+		})
+		got := obs.list()
+		want := []string{"open resync ok", "apply resync ok", "apply resync ok", "publish ok", "apply error", "apply ok"}
+		if !slices.Equal(got, want) {
+			t.Fatalf("observed %v, want %v", got, want)
+		}
+	})
+}
