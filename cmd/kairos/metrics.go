@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -36,10 +37,41 @@ var (
 	mResyncs       = prometheus.NewDesc("kairos_sink_resyncs_total", "Resyncs published.", labels, nil)
 	mLastAdvance   = prometheus.NewDesc("kairos_sink_last_advance_timestamp_seconds", "When this worker last moved the cursor, as a Unix time; absent if never.", labels, nil)
 	mLastErrorTime = prometheus.NewDesc("kairos_sink_last_error_timestamp_seconds", "When the worker last met a fault, as a Unix time; absent if never.", labels, nil)
+	mPending       = prometheus.NewDesc("kairos_sink_pending", "Seqs between the head and the cursor at the worker's last read: an upper bound on the records still to send (compaction leaves gaps).", labels, nil)
+	mSinceAdvance  = prometheus.NewDesc("kairos_sink_seconds_since_last_advance", "Seconds since this worker last moved the cursor; absent if never.", labels, nil)
 )
 
+// callMetrics are the sink calls' durations and failures by operation, fed
+// by the workers' syncer.Observer.
+type callMetrics struct {
+	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
+}
+
+func newCallMetrics() *callMetrics {
+	return &callMetrics{
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kairos_sink_call_duration_seconds",
+			Help:    "How long each sink call took, by operation (apply, open resync, apply resync, publish, abort resync), failed calls included.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"feed", "sink", "op"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kairos_sink_errors_total",
+			Help: "Sink calls that failed (the sink's fault, retried; rejections are not errors), by operation.",
+		}, []string{"feed", "sink", "op"}),
+	}
+}
+
+// SinkCall implements syncer.Observer.
+func (m *callMetrics) SinkCall(id feed.SinkID, op string, took time.Duration, err error) {
+	m.duration.WithLabelValues(string(id.Feed), string(id.Sink), op).Observe(took.Seconds())
+	if err != nil {
+		m.errors.WithLabelValues(string(id.Feed), string(id.Sink), op).Inc()
+	}
+}
+
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mHead, mCursor, mGeneration, mLag, mParked, mLeaseHeld, mFailing, mWakeUps, mApplied, mSent, mResyncs, mLastAdvance, mLastErrorTime} {
+	for _, d := range []*prometheus.Desc{mHead, mCursor, mGeneration, mLag, mParked, mLeaseHeld, mFailing, mWakeUps, mApplied, mSent, mResyncs, mLastAdvance, mLastErrorTime, mPending, mSinceAdvance} {
 		ch <- d
 	}
 }
@@ -65,6 +97,7 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 			g(mCursor, float64(s.Cursor.Seq))
 			g(mGeneration, float64(s.Cursor.Generation))
 			g(mLag, float64(s.Lag))
+			g(mPending, float64(max(0, int64(s.Head)-int64(s.Cursor.Seq))))
 			g(mParked, float64(s.Parked))
 			g(mLeaseHeld, b2f(s.LeaseHeld))
 			g(mFailing, b2f(failing(s)))
@@ -74,6 +107,7 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 			n(mResyncs, float64(s.Resyncs))
 			if !s.LastAdvance.IsZero() {
 				g(mLastAdvance, float64(s.LastAdvance.UnixNano())/1e9)
+				g(mSinceAdvance, time.Since(s.LastAdvance).Seconds())
 			}
 			if !s.LastErrorAt.IsZero() {
 				g(mLastErrorTime, float64(s.LastErrorAt.UnixNano())/1e9)
@@ -95,9 +129,9 @@ func settled(s syncer.State) bool {
 
 // handler serves /healthz, /readyz, /metrics and the feeds' descriptions
 // under /v1/feeds.
-func handler(runners []*syncer.Runner, st pgStore, url string) http.Handler {
+func handler(runners []*syncer.Runner, calls *callMetrics, st pgStore, url string) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(workerCollector{runners: runners}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(workerCollector{runners: runners}, calls.duration, calls.errors, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -96,6 +96,20 @@ func value(fams map[string]*dto.MetricFamily, name, f, s string) (float64, bool)
 	return 0, false
 }
 
+// histCount is how many observations a histogram has for feed, sink and op.
+func histCount(fams map[string]*dto.MetricFamily, name, f, s, op string) uint64 {
+	for _, m := range fams[name].GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if got["feed"] == f && got["sink"] == s && got["op"] == op {
+			return m.GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}
+
 func waitFor(t *testing.T, what string, within time.Duration, ok func() bool, logs ...*syncWriter) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -196,6 +210,16 @@ feeds:
 		return ok1 && ok2 && head == 400 && cur == 400
 	}
 	waitFor(t, "B's metrics show the cursor at the head", 30*time.Second, caughtUp, b.logs)
+	fams := b.metrics()
+	if n := histCount(fams, "kairos_sink_call_duration_seconds", "orders", "table", "apply"); n == 0 {
+		t.Errorf("B's apply durations were not observed")
+	}
+	if v, ok := value(fams, "kairos_sink_pending", "orders", "table"); !ok || v != 0 {
+		t.Errorf("B's pending = %v, %v; want 0 once caught up", v, ok)
+	}
+	if _, ok := value(fams, "kairos_sink_seconds_since_last_advance", "orders", "table"); !ok {
+		t.Errorf("B shows no time since its last advance")
+	}
 
 	began := time.Now()
 	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {

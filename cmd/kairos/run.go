@@ -90,6 +90,7 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		}
 	}()
 	var runners []*syncer.Runner
+	calls := newCallMetrics()
 	for _, f := range cfg.Feeds {
 		var targets []syncer.Target
 		for _, s := range f.Sinks {
@@ -102,7 +103,7 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			targets = append(targets, syncer.Target{ID: id, Sink: b.sink})
 			log.Info("sink ready", "feed", f.Name, "sink", s.Name, "type", s.Type)
 		}
-		r, err := syncer.NewRunner(st, targets, syncer.Options{BatchSize: f.Batch, BatchBytes: f.BatchBytes, PollInterval: f.PollInterval, Logger: log})
+		r, err := syncer.NewRunner(st, targets, syncer.Options{BatchSize: f.Batch, BatchBytes: f.BatchBytes, PollInterval: f.PollInterval, Logger: log, Observer: calls})
 		if err != nil {
 			return fmt.Errorf("feeds.%s: %w", f.Name, err)
 		}
@@ -113,7 +114,7 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("http.listen: %w", err)
 	}
-	srv := &http.Server{Handler: handler(runners, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: handler(runners, calls, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("kairos running", "feeds", len(cfg.Feeds), "sinks", len(built), "http", ln.Addr().String(), "lease", leaseKind(cfg.Lease.Kind))
