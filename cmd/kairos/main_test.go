@@ -214,9 +214,10 @@ func TestREADMEExampleChecks(t *testing.T) {
 func TestExampleConfigChecks(t *testing.T) {
 	t.Setenv("KAIROS_DB_PASSWORD", "x")
 	t.Setenv("MYSQL_PASSWORD", "x")
+	t.Setenv("KAFKA_PASSWORD", "x")
 	t.Setenv("PARTNER_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 	code, out, stderr := kairos(t, "config", "check", "-c", "../../examples/kairos.yaml")
-	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 3 sinks") {
+	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 4 sinks") {
 		t.Fatalf("examples/kairos.yaml = exit %d, %q, %q", code, out, stderr)
 	}
 }

@@ -36,6 +36,14 @@ func redactErr(err error, connString string) error {
 	return &redacted{msg: msg, err: err}
 }
 
+// redactSecret hides one secret in err's text.
+func redactSecret(err error, secret string) error {
+	if err == nil || secret == "" || !strings.Contains(err.Error(), secret) {
+		return err
+	}
+	return &redacted{msg: strings.ReplaceAll(err.Error(), secret, "[redacted]"), err: err}
+}
+
 // redacted keeps the original error for errors.Is and errors.As while
 // showing only the cleaned text.
 type redacted struct {

@@ -14,7 +14,27 @@ func sinkTypes() map[string]config.SinkType {
 		"pgtable": {Options: func() any { return &pgtableConfig{} }},
 		"mysql":   {Options: func() any { return &mysqlConfig{} }},
 		"webhook": {Options: func() any { return &webhookConfig{} }},
+		"kafka":   {Options: func() any { return &kafkaConfig{} }},
 	}
+}
+
+// kafkaConfig is a Kafka sink's section (sinks/kafka's Options), with the
+// connection's TLS and SASL, which the package takes as client options.
+type kafkaConfig struct {
+	Brokers           []string `yaml:"brokers,required"`
+	Topic             string   `yaml:"topic"`
+	Create            bool     `yaml:"create"`
+	Partitions        int      `yaml:"partitions"`
+	ReplicationFactor int      `yaml:"replication_factor"`
+	MaxMessageBytes   int      `yaml:"max_message_bytes"`
+	// TLS connects with TLS, verified against the system's roots.
+	TLS  bool `yaml:"tls"`
+	SASL struct {
+		// Mechanism is plain, scram-sha-256 or scram-sha-512; empty: no SASL.
+		Mechanism string `yaml:"mechanism"`
+		User      string `yaml:"user"`
+		Password  string `yaml:"password"`
+	} `yaml:"sasl"`
 }
 
 // pgtableConfig is a pgtable sink's section: the target database and the
