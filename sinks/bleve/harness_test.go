@@ -97,7 +97,12 @@ func rec(key string, seq feed.Seq, doc string) feed.Record {
 	return r
 }
 
-func applyOK(t testing.TB, s feed.Sink, records ...feed.Record) {
+// applier is a sink or a resync target.
+type applier interface {
+	Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error)
+}
+
+func applyOK(t testing.TB, s applier, records ...feed.Record) {
 	t.Helper()
 	rej, err := s.Apply(t.Context(), records)
 	if err != nil || len(rej) != 0 {
