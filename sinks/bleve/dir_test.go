@@ -376,3 +376,30 @@ func TestMapping(t *testing.T) {
 		t.Errorf("Document(absent) = %v, %v; want not found", ok, err)
 	}
 }
+
+// TestStaleFromAnEarlierGeneration: after a resync's publish, a stale call
+// of the generation before (seqs below everything the resync was sent) is
+// ignored even for keys the new copy never had, which no per-key seq covers.
+func TestStaleFromAnEarlierGeneration(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := newSink(t, kbleve.Options{Dir: dir})
+	applyOK(t, s, rec("old", 1, `"old"`), rec("both", 2, `"both"`))
+	r, err := s.OpenResync(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyOK(t, r, rec("both", 10, `"new"`), rec("gone", 11, ""))
+	if err := r.Publish(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	applyOK(t, s, rec("old", 3, `"stale"`), rec("never", 4, `"stale"`), rec("gone", 5, `"stale"`), rec("both", 6, ""))
+	applyOK(t, s, rec("next", 12, `"next"`))
+	got, err := contents(t.Context(), newSearcher(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !feedtest.JSONEqual(got["both"], json.RawMessage(`"new"`)) || !feedtest.JSONEqual(got["next"], json.RawMessage(`"next"`)) {
+		t.Errorf("after a stale call of the earlier generation: %s; want both and next alone", show(got))
+	}
+}

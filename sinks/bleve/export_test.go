@@ -9,3 +9,6 @@ func Hold(s *Searcher) (name string, release func(), err error) {
 	}
 	return ix.name, func() { s.r.put(ix) }, nil
 }
+
+// TargetName is the directory name of a resync target OpenResync returned.
+func TargetName(t any) string { return t.(*resync).ix.name }

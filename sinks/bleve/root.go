@@ -2,6 +2,7 @@ package bleve
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -34,7 +35,11 @@ var ErrLocked = errors.New("bleve: the directory is in use by another process")
 // resync target's once a newer OpenResync or Abort threw it away.
 var ErrClosed = errors.New("bleve: closed")
 
-var seqsBucket = []byte("seqs")
+var (
+	seqsBucket = []byte("seqs")
+	metaBucket = []byte("meta")
+	floorKey   = []byte("floor")
+)
 
 // roots holds the directories this process has open, so that every Sink and
 // Searcher of one directory share one open index: bleve lets one opener in,
@@ -69,10 +74,15 @@ type indexDir struct {
 	path string
 	idx  bleve.Index
 	seqs *bolt.DB
-	refs int  // under root.hmu: 1 while live, and 1 per call in flight
-	gone bool // retired by a publish: removed once the last reference goes
-	dead bool // a resync target thrown away (under root.wmu)
-	once sync.Once
+	// floor is the lowest seq a resync copy was sent: every record the
+	// worker sends it afterwards is at or above it (see "The seq guard" in
+	// the package doc). 0 for the first, empty index, which has none.
+	floor  feed.Seq
+	resync bool // created by OpenResync: its first Apply sets floor
+	refs   int  // under root.hmu: 1 while live, and 1 per call in flight
+	gone   bool // retired by a publish: removed once the last reference goes
+	dead   bool // a resync target thrown away (under root.wmu)
+	once   sync.Once
 }
 
 // openRoot returns the process's root for c.dir, opening it (and creating an
@@ -364,8 +374,17 @@ func (ix *indexDir) openSeqs() error {
 	db, err := bolt.Open(filepath.Join(ix.path, seqsFile), 0o600, &bolt.Options{Timeout: time.Second})
 	if err == nil {
 		err = db.Update(func(tx *bolt.Tx) error {
-			_, err := tx.CreateBucketIfNotExists(seqsBucket)
-			return err
+			if _, err := tx.CreateBucketIfNotExists(seqsBucket); err != nil {
+				return err
+			}
+			meta, err := tx.CreateBucketIfNotExists(metaBucket)
+			if err != nil {
+				return err
+			}
+			if v := meta.Get(floorKey); len(v) == 8 {
+				ix.floor = feed.Seq(binary.BigEndian.Uint64(v))
+			}
+			return nil
 		})
 		if err != nil {
 			db.Close()

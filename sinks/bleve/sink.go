@@ -127,6 +127,7 @@ func (s *Sink) OpenResync(ctx context.Context, generation feed.Generation) (feed
 	if err != nil {
 		return nil, err
 	}
+	ix.resync = true
 	s.r.building[ix] = true
 	return &resync{s: s, ix: ix}, nil
 }
@@ -198,12 +199,19 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 	if len(records) == 0 {
 		return nil, nil
 	}
+	floor := ix.floor
+	if ix.resync && floor == 0 {
+		floor = records[0].Seq
+		for _, rec := range records[1:] {
+			floor = min(floor, rec.Seq)
+		}
+	}
 	fresh := make([]bool, len(records))
 	err := ix.seqs.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(seqsBucket)
 		for i, rec := range records {
 			v := b.Get([]byte(rec.Key))
-			fresh[i] = len(v) != 8 || feed.Seq(binary.BigEndian.Uint64(v)) <= rec.Seq
+			fresh[i] = rec.Seq >= floor && (len(v) != 8 || feed.Seq(binary.BigEndian.Uint64(v)) <= rec.Seq)
 		}
 		return nil
 	})
@@ -232,12 +240,19 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 			fresh[i] = false
 		}
 	}
-	if batch.Size() == 0 {
+	setFloor := floor != ix.floor
+	if batch.Size() == 0 && !setFloor {
 		return rejected, nil
 	}
 	err = ix.seqs.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(seqsBucket)
 		var v [8]byte
+		if setFloor {
+			binary.BigEndian.PutUint64(v[:], uint64(floor))
+			if err := tx.Bucket(metaBucket).Put(floorKey, v[:]); err != nil {
+				return err
+			}
+		}
 		for i, rec := range records {
 			if !fresh[i] {
 				continue
@@ -251,6 +266,10 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bleve: writing the seqs of %s: %w", ix.name, err)
+	}
+	ix.floor = floor
+	if batch.Size() == 0 {
+		return rejected, nil
 	}
 	if err := ix.idx.Batch(batch); err != nil {
 		return nil, fmt.Errorf("bleve: writing a batch to %s: %w", ix.name, err)
