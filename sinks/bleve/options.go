@@ -35,7 +35,7 @@ type Options struct {
 	// first one and each resync's. An index that exists already keeps the
 	// mapping it was built with until the next resync, so a changed mapping
 	// takes effect when the feed is next rebuilt (or the sink re-registered).
-	// Defaults to bleve.NewIndexMapping(): every field mapped dynamically.
+	// Defaults to DefaultMapping(): every field mapped dynamically.
 	Mapping mapping.IndexMapping
 	// MaxDocumentBytes bounds a document's JSON; a larger one is rejected.
 	// At least MinMaxDocumentBytes. Defaults to DefaultMaxDocumentBytes.
@@ -66,7 +66,7 @@ func (o Options) resolve() (*config, error) {
 	}
 	c.dir = filepath.Clean(abs)
 	if o.Mapping == nil {
-		c.Mapping = defaultMapping()
+		c.Mapping = DefaultMapping()
 	} else if err := o.Mapping.Validate(); err != nil {
 		return nil, feed.Invalid(p+"mapping", "%v", err)
 	}

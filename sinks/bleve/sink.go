@@ -27,9 +27,10 @@ const SourceField = "_source"
 // number, an array) is indexed under.
 const ValueField = "value"
 
-// defaultMapping is bleve's dynamic mapping, without storing each field:
+// DefaultMapping is the mapping a zero Options.Mapping means: bleve's dynamic
+// mapping, every field indexed by its JSON type, without storing each field:
 // the document is stored whole in SourceField already.
-func defaultMapping() mapping.IndexMapping {
+func DefaultMapping() mapping.IndexMapping {
 	m := bleve.NewIndexMapping()
 	m.StoreDynamic = false
 	return m
