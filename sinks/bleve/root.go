@@ -133,7 +133,10 @@ func loadRoot(dir string, m mapping.IndexMapping, timeout time.Duration, create 
 		}
 		ix, err := createIndex(dir, indexName(0), m)
 		if err == nil {
-			err = r.point(ix)
+			var renamed bool
+			if renamed, err = r.point(ix); err != nil && renamed {
+				_ = os.Remove(filepath.Join(dir, pointerFile)) // it names the index removed below
+			}
 		}
 		if err != nil {
 			if ix != nil {
@@ -230,15 +233,17 @@ func (r *root) swap(ix *indexDir) {
 
 // point writes the pointer file naming ix, durably and atomically: ix's files
 // are synced first, then the pointer goes to a temporary file, which is
-// synced, renamed over the pointer, and the directory synced.
-func (r *root) point(ix *indexDir) error {
+// synced, renamed over the pointer, and the directory synced. renamed says
+// the pointer names ix now (a crash from then on reopens ix), even when the
+// directory's sync then failed.
+func (r *root) point(ix *indexDir) (renamed bool, err error) {
 	if err := syncTree(ix.path); err != nil {
-		return fmt.Errorf("bleve: syncing the index %s: %w", ix.name, err)
+		return false, fmt.Errorf("bleve: syncing the index %s: %w", ix.name, err)
 	}
 	tmp := filepath.Join(r.dir, pointerFile+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("bleve: writing the pointer: %w", err)
+		return false, fmt.Errorf("bleve: writing the pointer: %w", err)
 	}
 	_, err = f.WriteString(ix.name + "\n")
 	if err == nil {
@@ -249,14 +254,15 @@ func (r *root) point(ix *indexDir) error {
 	}
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(r.dir, pointerFile))
+		renamed = err == nil
 	}
 	if err == nil {
 		err = syncDir(r.dir)
 	}
 	if err != nil {
-		return fmt.Errorf("bleve: writing the pointer: %w", err)
+		return renamed, fmt.Errorf("bleve: writing the pointer: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // sweep removes every index directory that is neither live, nor being

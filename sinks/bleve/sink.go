@@ -164,12 +164,15 @@ func (t *resync) Publish(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := r.point(t.ix); err != nil {
-		return err
+	renamed, err := r.point(t.ix)
+	if renamed {
+		// The pointer names the copy: serve it, whatever the directory's
+		// sync said, so that memory and disk agree; an Abort after a
+		// failed Publish then leaves it alone.
+		delete(r.building, t.ix)
+		r.swap(t.ix)
 	}
-	delete(r.building, t.ix)
-	r.swap(t.ix)
-	return nil
+	return err
 }
 
 // Abort closes and removes the index being built, and nothing else.
