@@ -51,6 +51,7 @@ var measurements = []measurement{
 	{"S", (*env).measureMysql, false},
 	{"S", (*env).measureWebhook, false},
 	{"S", (*env).measureKafka, false},
+	{"S", (*env).measureBleve, false},
 	{"X", (*env).measureExperiments, true},
 }
 

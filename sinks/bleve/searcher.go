@@ -1,0 +1,126 @@
+package bleve
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/blevesearch/bleve/v2"
+	index "github.com/blevesearch/bleve_index_api"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// Searcher reads the live index of a sink's directory, following each
+// publish: every call runs against the index live when it starts, and runs
+// to its end on that index even if a publish retires it meanwhile (the old
+// index is closed and removed only once the last such call returns).
+//
+// A Searcher shares the directory with the sinks of its process (see
+// "One process per directory" in the package doc), so it learns of a publish
+// the moment it happens, without reading the pointer file again: the
+// publishing sink hands the new index to the shared directory, and the next
+// call takes it from there. It is safe for concurrent use.
+type Searcher struct {
+	r      *root
+	closed atomic.Bool
+}
+
+// NewSearcher opens the directory dir, which must hold an index already (a
+// sink's New creates one). A directory another process has open is
+// ErrLocked after DefaultLockTimeout.
+func NewSearcher(dir string) (*Searcher, error) {
+	if dir == "" {
+		return nil, feed.Invalid("bleve.dir", "must be set")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, feed.Invalid("bleve.dir", "%q cannot be made absolute: %v", dir, err)
+	}
+	abs = filepath.Clean(abs)
+	roots.Lock()
+	defer roots.Unlock()
+	if r := roots.m[abs]; r != nil {
+		r.refs++
+		return &Searcher{r: r}, nil
+	}
+	r, err := loadRoot(abs, nil, DefaultLockTimeout, false)
+	if err != nil {
+		return nil, err
+	}
+	r.refs = 1
+	roots.m[abs] = r
+	return &Searcher{r: r}, nil
+}
+
+// Search runs req against the live index. Ask for SourceField in req.Fields
+// to have each hit's document, as the feed handed it out, in its Fields.
+func (s *Searcher) Search(ctx context.Context, req *bleve.SearchRequest) (*bleve.SearchResult, error) {
+	ix, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer s.r.put(ix)
+	res, err := ix.idx.SearchInContext(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("bleve: searching %s: %w", ix.name, err)
+	}
+	return res, nil
+}
+
+// Document returns the live document of key, byte for byte as the feed
+// handed it out; ok is false when the index has none.
+func (s *Searcher) Document(ctx context.Context, key feed.Key) (doc json.RawMessage, ok bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	ix, err := s.acquire()
+	if err != nil {
+		return nil, false, err
+	}
+	defer s.r.put(ix)
+	d, err := ix.idx.Document(string(key))
+	if err != nil {
+		return nil, false, fmt.Errorf("bleve: reading %q from %s: %w", key, ix.name, err)
+	}
+	if d == nil {
+		return nil, false, nil
+	}
+	d.VisitFields(func(f index.Field) {
+		if f.Name() == SourceField {
+			doc = append(json.RawMessage(nil), f.Value()...)
+		}
+	})
+	if doc == nil {
+		return nil, false, fmt.Errorf("bleve: %q in %s has no %s field; the index was not written by this sink", key, ix.name, SourceField)
+	}
+	return doc, true, nil
+}
+
+// DocCount is the number of documents the live index holds.
+func (s *Searcher) DocCount() (uint64, error) {
+	ix, err := s.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer s.r.put(ix)
+	return ix.idx.DocCount()
+}
+
+// Close releases the searcher; see Sink.Close. Safe to call more than once.
+func (s *Searcher) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	return s.r.release()
+}
+
+// acquire is root.acquire, refused once the searcher is closed.
+func (s *Searcher) acquire() (*indexDir, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	return s.r.acquire()
+}
