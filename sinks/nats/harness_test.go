@@ -219,3 +219,10 @@ func applyOK(t testing.TB, s interface {
 		t.Fatalf("Apply = %v, %v; want no rejection and no error", rej, err)
 	}
 }
+
+type natsConn = nats.Conn
+
+// connectOnce is a connection for tests that only need one to hand to New.
+func connectOnce(t testing.TB) *nats.Conn { return connect(t, nil) }
+
+func pgtestClosedPort(t testing.TB) string { return pgtest.ClosedPort(t) }

@@ -52,13 +52,7 @@ func EncodeKey(key feed.Key) string {
 // when s is not the encoding of any key (a KV key another writer put in the
 // bucket, say).
 func DecodeKey(s string) (feed.Key, error) {
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if s[i] == escapeByte {
-			n++
-		}
-	}
-	out := make([]byte, 0, len(s)-2*n)
+	out := make([]byte, 0, len(s))
 	for i := 0; i < len(s); i++ {
 		b := s[i]
 		switch {
