@@ -52,6 +52,7 @@ var measurements = []measurement{
 	{"S", (*env).measureWebhook, false},
 	{"S", (*env).measureKafka, false},
 	{"S", (*env).measureBleve, false},
+	{"S", (*env).measureNats, false},
 	{"X", (*env).measureExperiments, true},
 }
 
