@@ -118,8 +118,8 @@ func TestExperimentsSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 4 {
-		t.Fatalf("group X gave %d rows, want 4", len(rows))
+	if len(rows) != 9 {
+		t.Fatalf("group X gave %d rows, want 9", len(rows))
 	}
 	for _, r := range rows {
 		if err := r.Finite(); err != nil {

@@ -195,11 +195,13 @@ const (
 	p6AtCommit        // the row, then the feed lock and the notify at commit
 	p6Unordered       // the row at a seq from a sequence, then a notify: no feed lock
 	p6UnorderedSilent // the row at a seq from a sequence, no notify
+	p6Sealed          // the row upserted unsealed, a sealer running beside (sealed.go)
 )
 
 func (m p6Mode) String() string {
 	return [...]string{"without the feed", "with the feed write", "with a pg_notify only",
-		"feed lock and notify at commit", "no feed lock, a notify", "no feed lock, no notify"}[m]
+		"feed lock and notify at commit", "no feed lock, a notify", "no feed lock, no notify",
+		"unsealed, a sealer beside"}[m]
 }
 
 // commitRate runs Writers concurrent writers for WritersFor, each committing
@@ -225,6 +227,19 @@ func (e *env) commitRate(ctx context.Context, admin *pgxpool.Pool, mode p6Mode) 
 	if err != nil {
 		return 0, err
 	}
+	var sl *sealer
+	if mode == p6Sealed {
+		f, err := s.newSealedFeed(ctx, "p6")
+		if err != nil {
+			return 0, err
+		}
+		row = f.write
+		var stop func() error
+		if sl, stop, err = e.startSealer(ctx, f, &queryCounter{}, nil); err != nil {
+			return 0, err
+		}
+		defer func() { _ = stop() }()
+	}
 	q := `INSERT INTO ` + t + ` (key, doc) VALUES ($1::text, $2::text::jsonb) ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`
 	var commits atomic.Int64
 	var firstErr error
@@ -248,7 +263,7 @@ func (e *env) commitRate(ctx context.Context, admin *pgxpool.Pool, mode p6Mode) 
 						case p6Notify:
 							_, err := tx.Exec(ctx, `SELECT pg_notify('kairos_bench_p6', $1::text)`, key)
 							return err
-						case p6AtCommit, p6Unordered, p6UnorderedSilent:
+						case p6AtCommit, p6Unordered, p6UnorderedSilent, p6Sealed:
 							_, err := tx.Exec(ctx, row, key, string(doc))
 							return err
 						}
@@ -279,10 +294,20 @@ func (e *env) commitRate(ctx context.Context, admin *pgxpool.Pool, mode p6Mode) 
 			waits <- w
 		}()
 	}
+	var sealed0 int64
+	if sl != nil {
+		sealed0 = sl.rows.Load()
+	}
 	start := time.Now()
 	writeFor(sz.WritersFor, true)
 	elapsed := time.Since(start)
 	close(stopWaits)
+	if sl != nil {
+		// Whether the sealer kept up: what it sealed in the window against
+		// what was committed, and the rows per round.
+		e.logf("X sealed: %d commits, %d sealed in the window, %d rounds in all (%.1f rows a round)",
+			commits.Load(), sl.rows.Load()-sealed0, sl.rounds.Load(), float64(sl.rows.Load())/float64(max(sl.rounds.Load(), 1)))
+	}
 	if waits != nil {
 		reportWaits(e.log, "P6 "+mode.String(), <-waits)
 	}
