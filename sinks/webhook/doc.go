@@ -76,7 +76,9 @@
 //     misconfiguration.
 //   - 413 to a delivery of several records: the receiver's body limit is
 //     below Options.MaxBodyBytes, so the delivery is halved and each half
-//     sent, down to single records; a 413 to one record parks it.
+//     sent, down to single records; a 413 to one record parks it. Each
+//     half is a delivery of its own, with its own id (its own first and
+//     last seq), derived again the same way on a retry.
 //   - Every other 4xx (400, 409, 422, …): the receiver refuses the
 //     delivery's records, each parked with the status and a cleaned excerpt
 //     of the body (at most 256 bytes).

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net"
 	"net/http"
@@ -96,6 +97,10 @@ const maxAnswerBytes = 8 << 20
 type Sink struct {
 	c      *config
 	client *http.Client
+	// signers hold one reusable HMAC state per secret.
+	signers []*signer
+	// target is c.url as text, parsed again by every request.
+	target string
 	// generation is the last generation this value published, for the
 	// "generation" of incremental deliveries; 0 before the first.
 	generation atomic.Int64
@@ -121,7 +126,7 @@ func New(ctx context.Context, opts Options) (*Sink, error) {
 		TLSHandshakeTimeout:   c.Timeout,
 		ResponseHeaderTimeout: c.Timeout,
 	}
-	s := &Sink{c: c, client: &http.Client{
+	s := &Sink{c: c, target: c.url.String(), client: &http.Client{
 		Transport: tr,
 		// Redirects are never followed: a redirect could lead past the
 		// guard's reasons (a public name answering with a private one is
@@ -129,6 +134,9 @@ func New(ctx context.Context, opts Options) (*Sink, error) {
 		// configuration to fix, not to follow silently).
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
+	for _, key := range c.keys {
+		s.signers = append(s.signers, newSigner(key))
+	}
 	port := c.url.Port()
 	if port == "" {
 		port = map[string]string{"http": "80", "https": "443"}[c.url.Scheme]
@@ -257,14 +265,16 @@ func (s *Sink) deliverRecords(ctx context.Context, env envelope, records []feed.
 		return append(b, header...)
 	}
 	var rejs []feed.Rejection
-	body, part := newBody(), []span(nil)
+	spans := getSpans(len(records))
+	defer putSpans(spans)
+	body, part := newBody(), (*spans)[:0]
 	flush := func() error {
 		if len(part) == 0 {
 			return nil
 		}
 		r, err := s.deliver(ctx, env, body, part)
 		rejs = append(rejs, r...)
-		body, part = nil, nil
+		body, part = nil, part[:0] // deliver keeps neither
 		return err
 	}
 	maxDoc := s.MaxDocumentBytes()
@@ -284,7 +294,7 @@ func (s *Sink) deliverRecords(ctx context.Context, env envelope, records []feed.
 		start := len(body)
 		body = appendRecord(body, rec)
 		if len(body) <= limit {
-			part = append(part, span{rec: rec, start: start, end: len(body)})
+			part = append(part, span{key: rec.Key, seq: rec.Seq, start: start, end: len(body)})
 			continue
 		}
 		size := len(body) - start
@@ -300,7 +310,7 @@ func (s *Sink) deliverRecords(ctx context.Context, env envelope, records []feed.
 		body = newBody()
 		start = len(body)
 		body = appendRecord(body, rec)
-		part = append(part, span{rec: rec, start: start, end: len(body)})
+		part = append(part, span{key: rec.Key, seq: rec.Seq, start: start, end: len(body)})
 	}
 	if err := flush(); err != nil {
 		return nil, err
@@ -343,8 +353,28 @@ const closing = "]}"
 
 // span is one record of a delivery and where its JSON lies in the body.
 type span struct {
-	rec        feed.Record
+	key        feed.Key
+	seq        feed.Seq
 	start, end int
+}
+
+// spanLists keeps the span lists of calls: one per record was the sink's
+// largest allocation after the bodies.
+var spanLists sync.Pool
+
+func getSpans(n int) *[]span {
+	if p, ok := spanLists.Get().(*[]span); ok && cap(*p) >= n {
+		return p
+	}
+	p := make([]span, 0, n)
+	return &p
+}
+
+func putSpans(p *[]span) {
+	if cap(*p) <= 1<<16 {
+		clear((*p)[:cap(*p)]) // drop the keys for the collector
+		spanLists.Put(p)
+	}
 }
 
 // appendRecord appends one record's JSON: {"key","seq","doc"} or
@@ -398,33 +428,67 @@ func (s *Sink) header(env envelope) []byte {
 // deliveryID is a delivery's webhook-id: a hash of what the delivery is, so
 // that every retry of it carries the same id (see "Delivery ids" in the
 // package doc).
+// What is hashed is each field followed by a zero byte; the id is "msg_"
+// and the hash's first 16 bytes in hex.
 func (s *Sink) deliveryID(env envelope, part []span) string {
-	h := sha256.New()
-	w := func(v string) { h.Write([]byte(v)); h.Write([]byte{0}) }
-	w("kairos-webhook/1")
-	w(string(s.c.Feed))
-	w(string(s.c.Sink))
+	var buf [512]byte // room for every field: names are at most feed.MaxNameLen
+	b := append(buf[:0], "kairos-webhook/1\x00"...)
+	b = append(append(b, s.c.Feed...), 0)
+	b = append(append(b, s.c.Sink...), 0)
 	if env.Type == TypeApply {
-		w("apply") // seqs are unique in a feed across generations: no generation
+		b = append(b, "apply\x00"...) // seqs are unique in a feed across generations: no generation
 	} else {
-		w(env.Type)
-		w(env.Resync)
+		b = append(append(b, env.Type...), 0)
+		b = append(append(b, env.Resync...), 0)
 	}
 	if len(part) > 0 {
-		w(strconv.FormatInt(int64(part[0].rec.Seq), 10))
-		w(strconv.FormatInt(int64(part[len(part)-1].rec.Seq), 10))
+		b = append(strconv.AppendInt(b, int64(part[0].seq), 10), 0)
+		b = append(strconv.AppendInt(b, int64(part[len(part)-1].seq), 10), 0)
 	}
-	return "msg_" + hex.EncodeToString(h.Sum(nil)[:16])
+	sum := sha256.Sum256(b)
+	var id [4 + 32]byte
+	copy(id[:], "msg_")
+	hex.Encode(id[4:], sum[:16])
+	return string(id[:])
 }
 
 // sign returns the webhook-signature header for id, ts and body: one
 // "v1,<base64>" per secret, space-separated.
 func (s *Sink) sign(id, ts string, body []byte) string {
-	sigs := make([]string, len(s.c.keys))
-	for i, key := range s.c.keys {
-		sigs[i] = "v1," + signature(key, id, ts, body)
+	out := make([]byte, 0, len(s.signers)*(4+base64.StdEncoding.EncodedLen(sha256.Size)))
+	for i, sg := range s.signers {
+		if i > 0 {
+			out = append(out, ' ')
+		}
+		out = append(out, "v1,"...)
+		out = sg.append(out, id, ts, body)
 	}
-	return strings.Join(sigs, " ")
+	return string(out)
+}
+
+// signer signs under one key with HMAC states kept between deliveries:
+// hmac.New hashes the key's pads each time, where Reset after the first use
+// restores them from a saved state. A pool, since concurrent calls sign at
+// once.
+type signer struct {
+	pool sync.Pool // of hash.Hash
+}
+
+func newSigner(key []byte) *signer {
+	return &signer{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+}
+
+// append appends the base64 of Standard Webhooks' v1 signature of id, ts
+// and body, the same as signature's.
+func (sg *signer) append(b []byte, id, ts string, body []byte) []byte {
+	m := sg.pool.Get().(hash.Hash)
+	defer sg.pool.Put(m)
+	m.Reset()
+	var pre [128]byte // id ("msg_" and 32 hex digits), ts and two dots
+	m.Write(append(append(append(append(pre[:0], id...), '.'), ts...), '.'))
+	m.Write(body)
+	var sum [sha256.Size]byte
+	return base64.StdEncoding.AppendEncode(b, m.Sum(sum[:0]))
 }
 
 // signature is Standard Webhooks' v1 signature: the base64 HMAC-SHA256 of
@@ -462,7 +526,7 @@ func (s *Sink) deliver(ctx context.Context, env envelope, body []byte, part []sp
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.c.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.c.url.String(), http.NoBody)
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.target, http.NoBody)
 	if err != nil {
 		return nil, fail(0, "", 0, s.c.redact.err(err))
 	}
@@ -470,11 +534,14 @@ func (s *Sink) deliver(ctx context.Context, env envelope, body []byte, part []sp
 	req.Body, req.ContentLength = pb, int64(len(body))
 	defer release(pb, body) // after the 413 path below has cut its halves out of body
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "kairos-webhook/1")
-	req.Header.Set("webhook-id", id)
-	req.Header.Set("webhook-timestamp", ts)
-	req.Header.Set("webhook-signature", s.sign(id, ts, body))
+	// The names in their canonical form, as Header.Set would write them.
+	req.Header = http.Header{
+		"Content-Type":      {"application/json"},
+		"User-Agent":        {"kairos-webhook/1"},
+		"Webhook-Id":        {id},
+		"Webhook-Timestamp": {ts},
+		"Webhook-Signature": {s.sign(id, ts, body)},
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return nil, fail(0, "", 0, s.c.redact.err(err))
@@ -482,6 +549,9 @@ func (s *Sink) deliver(ctx context.Context, env envelope, body []byte, part []sp
 	defer resp.Body.Close()
 	st := resp.StatusCode
 	if st >= 200 && st < 300 {
+		if resp.ContentLength == 0 {
+			return nil, nil // no rejection list (204): nothing to read
+		}
 		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 		if err != nil {
 			return nil, fail(st, "", 0, fmt.Errorf("reading the answer: %w", s.c.redact.err(err)))
@@ -513,7 +583,7 @@ func (s *Sink) deliver(ctx context.Context, env envelope, body []byte, part []sp
 		}
 		rejs := make([]feed.Rejection, len(part))
 		for i, e := range part {
-			rejs[i] = feed.Rejection{Key: e.rec.Key, Seq: e.rec.Seq, Reason: reason}
+			rejs[i] = feed.Rejection{Key: e.key, Seq: e.seq, Reason: reason}
 		}
 		return rejs, nil
 	}
@@ -544,7 +614,7 @@ func (s *Sink) rebody(env envelope, body []byte, part []span) ([]byte, []span) {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		spans[i] = span{rec: p.rec, start: len(out)}
+		spans[i] = span{key: p.key, seq: p.seq, start: len(out)}
 		out = append(out, body[p.start:p.end]...)
 		spans[i].end = len(out)
 	}
@@ -567,7 +637,7 @@ func (s *Sink) rejections(env envelope, id string, part []span, raw []byte) ([]f
 	}
 	seqs := make(map[feed.Key]feed.Seq, len(part))
 	for _, e := range part {
-		seqs[e.rec.Key] = e.rec.Seq
+		seqs[e.key] = e.seq
 	}
 	out := make([]feed.Rejection, 0, len(a.Rejected))
 	for _, r := range a.Rejected {

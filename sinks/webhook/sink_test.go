@@ -6,8 +6,10 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -193,9 +195,61 @@ func TestRetriesKeepTheirID(t *testing.T) {
 	}
 }
 
+// TestDeliveryIDs pins how a webhook-id is derived, computed here from the
+// package doc's description: a receiver deduplicating across an upgrade of
+// the sender (a new lease holder running a newer build) relies on it not
+// changing between versions.
+func TestDeliveryIDs(t *testing.T) {
+	rc := newReceiver(t)
+	_, url := rc.serve(t)
+	s := newSink(t, opts(url))
+	want := func(fields ...string) string {
+		h := sha256.New()
+		for _, f := range append([]string{"kairos-webhook/1", "orders", "hook"}, fields...) {
+			h.Write([]byte(f))
+			h.Write([]byte{0})
+		}
+		return "msg_" + hex.EncodeToString(h.Sum(nil)[:16])
+	}
+	if _, err := s.Apply(t.Context(), []feed.Record{rec("a", 10, `1`), rec("b", 11, ""), rec("c", 12, `3`)}); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := s.OpenResync(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Apply(t.Context(), []feed.Record{rec("a", 13, `1`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Publish(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.bodies) != 4 {
+		t.Fatalf("%d deliveries, want 4", len(rc.bodies))
+	}
+	d, err := webhook.Decode("", rc.bodies[1])
+	if err != nil || d.Resync == "" {
+		t.Fatalf("the resync.begin body: %+v, %v", d, err)
+	}
+	for i, w := range []string{
+		want("apply", "10", "12"),
+		want(webhook.TypeResyncBegin, d.Resync),
+		want(webhook.TypeResyncApply, d.Resync, "13", "13"),
+		want(webhook.TypeResyncPublish, d.Resync),
+	} {
+		if got := rc.hdrs[i].Get("webhook-id"); got != w {
+			t.Errorf("delivery %d: webhook-id %s, want %s", i, got, w)
+		}
+	}
+}
+
 // TestAnswers: other 4xx park the delivery's records with the status and a
-// bounded, one-line excerpt; 429 is an error saying how long to wait; 401 and
-// a redirect are errors, never parks; a dropped connection is an error.
+// bounded, one-line excerpt; 429 is an error saying how long to wait; the
+// statuses that speak of the endpoint (401, 403, 404, 405, 407, 410, 421),
+// those that ask to come back (408, 425, 5xx) and every 3xx are errors,
+// never parks; a dropped connection is an error.
 func TestAnswers(t *testing.T) {
 	rc := newReceiver(t)
 	_, url := rc.serve(t)
@@ -232,7 +286,8 @@ func TestAnswers(t *testing.T) {
 	if d := feed.RetryDelay(fmt.Errorf("worker: %w", err)); d != 7*time.Second {
 		t.Errorf("429: feed.RetryDelay = %v; want the 7s the driver must wait", d)
 	}
-	for _, st := range []int{401, 403, 404, 408, 500, 503, 307} {
+	for _, st := range []int{401, 403, 404, 405, 407, 410, 421, 408, 425, 500, 502, 503, 504,
+		300, 301, 302, 303, 304, 307, 308} {
 		answer(st, "no", "Location", "http://127.0.0.1:1/elsewhere")
 		rejs, err := s.Apply(t.Context(), batch)
 		if !errors.As(err, &de) || de.Status != st || len(rejs) != 0 {
@@ -565,6 +620,40 @@ func TestReceiverBodyLimit(t *testing.T) {
 	}
 	if got, _ := rc.contents(t.Context()); len(got) != 15 {
 		t.Errorf("the receiver holds %d documents, want 15", len(got))
+	}
+
+	// A receiver answering 413 to everything: a delivery of four records is
+	// sent as 4, then 2 and 2, then 1, 1, 1 and 1, each single record parked
+	// with the status, and nothing is an error.
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		d, err := webhook.Decode(r.Header.Get("webhook-id"), body)
+		if err != nil {
+			t.Errorf("decoding a delivery: %v", err)
+		}
+		mu.Lock()
+		sizes = append(sizes, len(d.Records))
+		mu.Unlock()
+		http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+	})
+	four := []feed.Record{rec("a", 101, `1`), rec("b", 102, `2`), rec("c", 103, ""), rec("d", 104, `4`)}
+	rejs, err = s.Apply(t.Context(), four)
+	if err != nil || len(rejs) != 4 {
+		t.Fatalf("413 to everything: Apply = %+v, %v; want the four records parked", rejs, err)
+	}
+	for i, r := range rejs {
+		if r.Key != four[i].Key || r.Seq != four[i].Seq || !strings.Contains(r.Reason, "413") {
+			t.Errorf("rejection %d = %+v; want %s at %d with the status", i, r, four[i].Key, four[i].Seq)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []int{4, 2, 1, 1, 2, 1, 1}; fmt.Sprint(sizes) != fmt.Sprint(want) {
+		t.Errorf("deliveries of %v records; want %v (halved down to single records)", sizes, want)
 	}
 }
 
