@@ -3,21 +3,28 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"strings"
 
+	"github.com/blevesearch/bleve/v2/mapping"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/config"
+	kbleve "github.com/kairos-es/kairos/sinks/bleve"
+	"github.com/kairos-es/kairos/sinks/file"
 	"github.com/kairos-es/kairos/sinks/kafka"
 	"github.com/kairos-es/kairos/sinks/mysql"
+	knats "github.com/kairos-es/kairos/sinks/nats"
 	"github.com/kairos-es/kairos/sinks/pgtable"
 	"github.com/kairos-es/kairos/sinks/webhook"
 )
@@ -86,6 +93,50 @@ var builders = map[string]func(ctx context.Context, s config.Sink, id feed.SinkI
 			return builtSink{}, sinkErr(s, "", redactSecret(err, c.SASL.Password))
 		}
 		return builtSink{sink: sink, close: sink.Close}, nil
+	},
+	"bleve": func(ctx context.Context, s config.Sink, _ feed.SinkID, _ *slog.Logger) (builtSink, error) {
+		c := s.Options.(*bleveConfig)
+		opts := kbleve.Options{Dir: c.Dir, MaxDocumentBytes: c.MaxDocumentBytes, LockTimeout: c.LockTimeout}
+		if c.MappingFile != "" {
+			b, err := os.ReadFile(c.MappingFile)
+			if err != nil {
+				return builtSink{}, fmt.Errorf("%s.mapping_file: %w", s.Path, err)
+			}
+			m := mapping.NewIndexMapping()
+			if err := json.Unmarshal(b, m); err != nil {
+				return builtSink{}, fmt.Errorf("%s.mapping_file: not a bleve index mapping: %w", s.Path, err)
+			}
+			if err := m.Validate(); err != nil {
+				return builtSink{}, fmt.Errorf("%s.mapping_file: %w", s.Path, err)
+			}
+			opts.Mapping = m
+		}
+		sink, err := kbleve.New(ctx, opts)
+		if err != nil {
+			return builtSink{}, sinkErr(s, "", err)
+		}
+		return builtSink{sink: sink, close: func() { _ = sink.Close() }}, nil
+	},
+	"nats": func(ctx context.Context, s config.Sink, id feed.SinkID, _ *slog.Logger) (builtSink, error) {
+		c := s.Options.(*natsConfig)
+		var nopts []nats.Option
+		if c.CredsFile != "" {
+			nopts = append(nopts, nats.UserCredentials(c.CredsFile))
+		}
+		sink, err := knats.Connect(ctx, c.URL, knats.Options{Bucket: c.Bucket, Feed: string(id.Feed), Window: c.Window,
+			AckTimeout: c.AckTimeout, Replicas: c.Replicas, MemoryStorage: c.MemoryStorage}, nopts...)
+		if err != nil {
+			return builtSink{}, sinkErr(s, "", redactErr(err, c.URL))
+		}
+		return builtSink{sink: sink, close: sink.Close}, nil
+	},
+	"file": func(_ context.Context, s config.Sink, _ feed.SinkID, _ *slog.Logger) (builtSink, error) {
+		c := s.Options.(*fileConfig)
+		sink, err := file.New(file.Options{Path: c.Path, MaxDocumentBytes: c.MaxDocumentBytes, CompactRatio: c.CompactRatio, CompactMinLines: c.CompactMinLines})
+		if err != nil {
+			return builtSink{}, sinkErr(s, "", err)
+		}
+		return builtSink{sink: sink, close: func() { _ = sink.Close() }}, nil
 	},
 	"webhook": func(ctx context.Context, s config.Sink, id feed.SinkID, log *slog.Logger) (builtSink, error) {
 		c := s.Options.(*webhookConfig)

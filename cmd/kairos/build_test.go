@@ -1,15 +1,28 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/config"
+	"github.com/kairos-es/kairos/internal/pgtest"
+	kbleve "github.com/kairos-es/kairos/sinks/bleve"
+	"github.com/kairos-es/kairos/sinks/file"
 	"github.com/kairos-es/kairos/sinks/kafka"
+	knats "github.com/kairos-es/kairos/sinks/nats"
 )
 
 // build parses one sink section and builds it.
@@ -59,5 +72,87 @@ func TestBuildKafka(t *testing.T) {
 		if _, err := build(t, yaml); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("building %q = %v; want an error with %q", yaml, err, want)
 		}
+	}
+}
+
+// The server-less sinks and NATS build from their sections, take a record
+// and read it back through their own readers.
+func TestBuildFileBleveNats(t *testing.T) {
+	ctx := t.Context()
+	rec := []feed.Record{{Key: "k", Seq: 1, Doc: json.RawMessage(`{"a":1}`)}}
+	dir := t.TempDir()
+
+	b, err := build(t, "        type: file\n        path: "+filepath.Join(dir, "f.jsonl")+"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.sink.Apply(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	b.close()
+	if docs, err := file.Read(filepath.Join(dir, "f.jsonl")); err != nil || string(docs["k"]) != `{"a":1}` {
+		t.Fatalf("file: %v, %v", docs, err)
+	}
+
+	mappingFile := filepath.Join(dir, "mapping.json")
+	os.WriteFile(mappingFile, []byte(`{"default_analyzer":"standard"}`), 0o644)
+	b, err = build(t, "        type: bleve\n        dir: "+filepath.Join(dir, "index")+"\n        mapping_file: "+mappingFile+"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.sink.Apply(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	b.close()
+	srch, err := kbleve.NewSearcher(filepath.Join(dir, "index"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, ok, err := srch.Document(ctx, "k")
+	srch.Close()
+	if err != nil || !ok || !feedtest.JSONEqual(doc, json.RawMessage(`{"a":1}`)) {
+		t.Fatalf("bleve: %s, %v, %v", doc, ok, err)
+	}
+	os.WriteFile(mappingFile, []byte(`{"default_analyzer":`), 0o644)
+	if _, err := build(t, "        type: bleve\n        dir: "+filepath.Join(dir, "i2")+"\n        mapping_file: "+mappingFile+"\n"); err == nil || !strings.Contains(err.Error(), "feeds.orders.sinks.s.mapping_file") {
+		t.Errorf("a broken mapping file = %v", err)
+	}
+
+	url := os.Getenv("KAIROS_TEST_NATS_URL")
+	if url == "" {
+		url = "nats://127.0.0.1:4222"
+	}
+	var rb [6]byte
+	_, _ = rand.Read(rb[:])
+	bucket := "kc_" + hex.EncodeToString(rb[:])
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		pgtest.Unavailable(t, "NATS", err)
+	}
+	defer nc.Close()
+	t.Cleanup(func() {
+		js, _ := jetstream.New(nc)
+		l := js.KeyValueStoreNames(context.Background())
+		for name := range l.Name() {
+			if name == bucket || strings.HasPrefix(name, bucket+"-") {
+				_ = js.DeleteKeyValue(context.Background(), name)
+			}
+		}
+	})
+	b, err = build(t, "        type: nats\n        url: "+url+"\n        bucket: "+bucket+"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.sink.Apply(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	b.close()
+	r, err := knats.NewReader(ctx, nc, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := r.Documents(ctx)
+	if err != nil || !feedtest.JSONEqual(docs["k"], json.RawMessage(`{"a":1}`)) {
+		t.Fatalf("nats: %v, %v", docs, err)
 	}
 }

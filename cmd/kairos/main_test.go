@@ -24,7 +24,9 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	goleak.VerifyTestMain(m)
+	// bleve starts a pool of analysis workers when it loads, which live as
+	// long as the process.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/blevesearch/bleve_index_api.AnalysisWorker"))
 }
 
 // asDaemon, set in a subprocess's environment, makes the test binary the
@@ -215,9 +217,10 @@ func TestExampleConfigChecks(t *testing.T) {
 	t.Setenv("KAIROS_DB_PASSWORD", "x")
 	t.Setenv("MYSQL_PASSWORD", "x")
 	t.Setenv("KAFKA_PASSWORD", "x")
+	t.Setenv("NATS_PASSWORD", "x")
 	t.Setenv("PARTNER_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 	code, out, stderr := kairos(t, "config", "check", "-c", "../../examples/kairos.yaml")
-	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 4 sinks") {
+	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 7 sinks") {
 		t.Fatalf("examples/kairos.yaml = exit %d, %q, %q", code, out, stderr)
 	}
 }

@@ -15,7 +15,39 @@ func sinkTypes() map[string]config.SinkType {
 		"mysql":   {Options: func() any { return &mysqlConfig{} }},
 		"webhook": {Options: func() any { return &webhookConfig{} }},
 		"kafka":   {Options: func() any { return &kafkaConfig{} }},
+		"bleve":   {Options: func() any { return &bleveConfig{} }},
+		"nats":    {Options: func() any { return &natsConfig{} }},
+		"file":    {Options: func() any { return &fileConfig{} }},
 	}
+}
+
+// bleveConfig is an embedded search index's section (sinks/bleve).
+type bleveConfig struct {
+	Dir string `yaml:"dir,required"`
+	// MappingFile is a bleve index mapping as JSON; absent: dynamic.
+	MappingFile      string        `yaml:"mapping_file"`
+	MaxDocumentBytes int           `yaml:"max_document_bytes"`
+	LockTimeout      time.Duration `yaml:"lock_timeout"`
+}
+
+// natsConfig is a JetStream key-value sink's section (sinks/nats).
+type natsConfig struct {
+	URL    string `yaml:"url,required"`
+	Bucket string `yaml:"bucket"`
+	// CredsFile is a NATS credentials file (a user JWT and its seed).
+	CredsFile     string        `yaml:"creds_file"`
+	Window        int           `yaml:"window"`
+	AckTimeout    time.Duration `yaml:"ack_timeout"`
+	Replicas      int           `yaml:"replicas"`
+	MemoryStorage bool          `yaml:"memory_storage"`
+}
+
+// fileConfig is a JSON-lines file sink's section (sinks/file).
+type fileConfig struct {
+	Path             string `yaml:"path,required"`
+	MaxDocumentBytes int    `yaml:"max_document_bytes"`
+	CompactRatio     int    `yaml:"compact_ratio"`
+	CompactMinLines  int    `yaml:"compact_min_lines"`
 }
 
 // kafkaConfig is a Kafka sink's section (sinks/kafka's Options), with the
