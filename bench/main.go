@@ -50,6 +50,7 @@ var measurements = []measurement{
 	{"S", (*env).measurePgtable, false}, // each sink's row, run by -only S
 	{"S", (*env).measureMysql, false},
 	{"S", (*env).measureWebhook, false},
+	{"S", (*env).measureRedis, false},
 	{"X", (*env).measureExperiments, true},
 }
 
