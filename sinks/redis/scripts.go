@@ -19,48 +19,64 @@ import goredis "github.com/redis/go-redis/v9"
 //
 // A record is written only when the stored seq is absent or lower, so an
 // older record is a no-op (0); a key the application wrote itself with
-// another type is left alone and answered with what it holds ("seq:<type>"
-// or "doc:<type>"), which the sink rejects. The type checks run before any
-// write of the record, so a rejected record writes nothing.
+// another type (its document key holds one while its seq key is absent, or
+// its seq key is not a string) is left alone and answered with what it
+// holds ("seq:<type>" or "doc:<type>"), which the sink rejects. The checks
+// run before any write of the record, so a rejected record writes nothing.
+// A string document is written with SET … GET (Redis 6.2 and later), which
+// refuses another type itself: three commands for a fresh key, which is
+// where the script's time goes (see BENCHMARKS.md).
 var applyScript = goredis.NewScript(`
 local ttl, tttl, want = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local out, a = {}, 4
+local function foreign(d)
+  local dt = redis.call('TYPE', d)['ok']
+  if dt ~= 'none' and dt ~= want then return 'doc:' .. dt end
+  return nil
+end
 for i = 1, #KEYS, 2 do
   local d, s = KEYS[i], KEYS[i + 1]
   local seq, n = ARGV[a], tonumber(ARGV[a + 1])
   local first = a + 2
   if n < 0 then a = first elseif n == 0 then a = first + 1 else a = first + 2 * n end
-  local st = redis.call('TYPE', s)['ok']
-  local dt = redis.call('TYPE', d)['ok']
-  if st ~= 'none' and st ~= 'string' then
-    out[#out + 1] = 'seq:' .. st
-  elseif st == 'none' and dt ~= 'none' and dt ~= want then
-    out[#out + 1] = 'doc:' .. dt
-  else
-    local cur = false
-    if st == 'string' then cur = redis.call('GET', s) end
-    if cur and (#cur > #seq or (#cur == #seq and cur >= seq)) then
-      out[#out + 1] = 0
-    else
-      if n < 0 then
+  local cur = redis.pcall('GET', s)
+  local code = 1
+  if type(cur) == 'table' then
+    code = 'seq:' .. redis.call('TYPE', s)['ok']
+  elseif cur and (#cur > #seq or (#cur == #seq and cur >= seq)) then
+    code = 0
+  elseif n == 0 then
+    -- SET … GET refuses, writing nothing, a key that holds another type:
+    -- the type check and the write in one call.
+    local r
+    if ttl > 0 then r = redis.pcall('SET', d, ARGV[first], 'PX', ttl, 'GET') else r = redis.pcall('SET', d, ARGV[first], 'GET') end
+    if type(r) == 'table' and r.err then
+      if cur then
         redis.call('UNLINK', d)
-        if tttl > 0 then redis.call('SET', s, seq, 'PX', tttl) else redis.call('SET', s, seq) end
+        if ttl > 0 then redis.call('SET', d, ARGV[first], 'PX', ttl) else redis.call('SET', d, ARGV[first]) end
       else
-        if n == 0 then
-          if ttl > 0 then redis.call('SET', d, ARGV[first], 'PX', ttl) else redis.call('SET', d, ARGV[first]) end
-        else
-          redis.call('UNLINK', d)
-          local last = first + 2 * n - 1
-          for j = first, last, 2000 do
-            redis.call('HSET', d, unpack(ARGV, j, math.min(j + 1999, last)))
-          end
-          if ttl > 0 then redis.call('PEXPIRE', d, ttl) end
-        end
-        if ttl > 0 then redis.call('SET', s, seq, 'PX', ttl) else redis.call('SET', s, seq) end
+        code = foreign(d)
       end
-      out[#out + 1] = 1
+    end
+  else
+    if not cur then code = foreign(d) or 1 end
+    if code == 1 then
+      redis.call('UNLINK', d)
+      if n > 0 then
+        local last = first + 2 * n - 1
+        for j = first, last, 2000 do
+          redis.call('HSET', d, unpack(ARGV, j, math.min(j + 1999, last)))
+        end
+        if ttl > 0 then redis.call('PEXPIRE', d, ttl) end
+      end
     end
   end
+  if code == 1 then
+    local px = ttl
+    if n < 0 then px = tttl end
+    if px > 0 then redis.call('SET', s, seq, 'PX', px) else redis.call('SET', s, seq) end
+  end
+  out[#out + 1] = code
 end
 return out
 `)
