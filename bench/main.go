@@ -53,6 +53,7 @@ var measurements = []measurement{
 	{"S", (*env).measureKafka, false},
 	{"S", (*env).measureBleve, false},
 	{"S", (*env).measureNats, false},
+	{"S", (*env).measureRedis, false},
 	{"X", (*env).measureExperiments, true},
 }
 
