@@ -26,6 +26,7 @@ import (
 	"github.com/kairos-es/kairos/sinks/mysql"
 	knats "github.com/kairos-es/kairos/sinks/nats"
 	"github.com/kairos-es/kairos/sinks/pgtable"
+	kredis "github.com/kairos-es/kairos/sinks/redis"
 	"github.com/kairos-es/kairos/sinks/webhook"
 )
 
@@ -137,6 +138,15 @@ var builders = map[string]func(ctx context.Context, s config.Sink, id feed.SinkI
 			return builtSink{}, sinkErr(s, "", err)
 		}
 		return builtSink{sink: sink, close: func() { _ = sink.Close() }}, nil
+	},
+	"redis": func(ctx context.Context, s config.Sink, _ feed.SinkID, _ *slog.Logger) (builtSink, error) {
+		c := s.Options.(*redisConfig)
+		sink, err := kredis.Open(ctx, c.URL, kredis.Options{Prefix: c.Prefix, Encoding: c.Encoding, TTL: c.TTL,
+			TombstoneTTL: c.TombstoneTTL, MaxDocumentBytes: c.MaxDocumentBytes, ClientName: c.ClientName})
+		if err != nil {
+			return builtSink{}, sinkErr(s, "", redactErr(err, c.URL))
+		}
+		return builtSink{sink: sink, close: sink.Close}, nil
 	},
 	"webhook": func(ctx context.Context, s config.Sink, id feed.SinkID, log *slog.Logger) (builtSink, error) {
 		c := s.Options.(*webhookConfig)

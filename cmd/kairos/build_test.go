@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/kairos-es/kairos/sinks/file"
 	"github.com/kairos-es/kairos/sinks/kafka"
 	knats "github.com/kairos-es/kairos/sinks/nats"
+	kredis "github.com/kairos-es/kairos/sinks/redis"
 )
 
 // build parses one sink section and builds it.
@@ -154,5 +156,48 @@ func TestBuildFileBleveNats(t *testing.T) {
 	docs, err := r.Documents(ctx)
 	if err != nil || !feedtest.JSONEqual(docs["k"], json.RawMessage(`{"a":1}`)) {
 		t.Fatalf("nats: %v, %v", docs, err)
+	}
+}
+
+// A redis section builds a sink whose record the package's Reader reads
+// back through the pointer.
+func TestBuildRedis(t *testing.T) {
+	addr := os.Getenv("KAIROS_TEST_REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:6379"
+	}
+	client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	defer client.Close()
+	if err := client.Ping(t.Context()).Err(); err != nil {
+		pgtest.Unavailable(t, "Redis", err)
+	}
+	var rb [6]byte
+	_, _ = rand.Read(rb[:])
+	prefix := "kc" + hex.EncodeToString(rb[:]) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			client.Unlink(ctx, iter.Val())
+		}
+	})
+	b, err := build(t, "        type: redis\n        url: redis://"+addr+"/0\n        prefix: \""+prefix+"\"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.sink.Apply(t.Context(), []feed.Record{{Key: "k", Seq: 1, Doc: json.RawMessage(`{"a":1}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	b.close()
+	r, err := kredis.NewReader(client, kredis.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, ok, err := r.Get(t.Context(), "k")
+	if err != nil || !ok || !feedtest.JSONEqual(doc, json.RawMessage(`{"a":1}`)) {
+		t.Fatalf("redis: %s, %v, %v", doc, ok, err)
+	}
+	if _, err := build(t, "        type: redis\n        url: redis://:hunter2pw@"+pgtest.ClosedPort(t)+"/0\n"); err == nil || strings.Contains(err.Error(), "hunter2pw") || !strings.Contains(err.Error(), "feeds.orders.sinks.s") {
+		t.Errorf("an unreachable redis = %v", err)
 	}
 }

@@ -218,9 +218,10 @@ func TestExampleConfigChecks(t *testing.T) {
 	t.Setenv("MYSQL_PASSWORD", "x")
 	t.Setenv("KAFKA_PASSWORD", "x")
 	t.Setenv("NATS_PASSWORD", "x")
+	t.Setenv("REDIS_PASSWORD", "x")
 	t.Setenv("PARTNER_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 	code, out, stderr := kairos(t, "config", "check", "-c", "../../examples/kairos.yaml")
-	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 7 sinks") {
+	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 8 sinks") {
 		t.Fatalf("examples/kairos.yaml = exit %d, %q, %q", code, out, stderr)
 	}
 }

@@ -18,7 +18,21 @@ func sinkTypes() map[string]config.SinkType {
 		"bleve":   {Options: func() any { return &bleveConfig{} }},
 		"nats":    {Options: func() any { return &natsConfig{} }},
 		"file":    {Options: func() any { return &fileConfig{} }},
+		"redis":   {Options: func() any { return &redisConfig{} }},
 	}
+}
+
+// redisConfig is a Redis sink's section (sinks/redis); the URL takes
+// redis:// or rediss:// (TLS), with a user and password if the server wants
+// them.
+type redisConfig struct {
+	URL              string        `yaml:"url,required"`
+	Prefix           string        `yaml:"prefix"`
+	Encoding         string        `yaml:"encoding"`
+	TTL              time.Duration `yaml:"ttl"`
+	TombstoneTTL     time.Duration `yaml:"tombstone_ttl"`
+	MaxDocumentBytes int           `yaml:"max_document_bytes"`
+	ClientName       string        `yaml:"client_name"`
 }
 
 // bleveConfig is an embedded search index's section (sinks/bleve).
