@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	goredis "github.com/redis/go-redis/v9"
 	"github.com/nats-io/nats.go/jetstream"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/kairos-es/kairos/feed"
