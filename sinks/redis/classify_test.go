@@ -22,10 +22,9 @@ import (
 // fakeServer speaks just enough RESP2 for a sink: it answers the
 // handshake, PING, CONFIG GET, the meta hash and the scripts, and answers
 // the apply script (EVALSHA, and EVAL after a NOSCRIPT) as onApply says.
-// The shared test server's configuration must not be changed, so the
-// errors a real server gives out of memory or as a replica (OOM, READONLY)
-// are written by this one, and go-redis parses them into its real error
-// values, as it would a real server's.
+// It covers what a real server will not answer on demand (BUSY, no
+// answer, a script's own error, NOSCRIPT); a real server out of memory, a
+// real replica and a real evicting server are in private_test.go.
 type fakeServer struct {
 	addr string
 	// onApply answers one apply-script call (cmd is EVALSHA or EVAL,

@@ -41,6 +41,10 @@ for i = 1, #KEYS, 2 do
   if n < 0 then a = first elseif n == 0 then a = first + 1 else a = first + 2 * n end
   local cur = redis.pcall('GET', s)
   local code = 1
+  -- An error other than a type clash (OOM, READONLY, …) concerns the server,
+  -- not the record: it ends the script as that error, so the sink reports it
+  -- for what it is and the batch is retried.
+  if type(cur) == 'table' and cur.err and string.sub(cur.err, 1, 9) ~= 'WRONGTYPE' then return cur end
   if type(cur) == 'table' then
     code = 'seq:' .. redis.call('TYPE', s)['ok']
   elseif cur and (#cur > #seq or (#cur == #seq and cur >= seq)) then
@@ -50,6 +54,7 @@ for i = 1, #KEYS, 2 do
     -- the type check and the write in one call.
     local r
     if ttl > 0 then r = redis.pcall('SET', d, ARGV[first], 'PX', ttl, 'GET') else r = redis.pcall('SET', d, ARGV[first], 'GET') end
+    if type(r) == 'table' and r.err and string.sub(r.err, 1, 9) ~= 'WRONGTYPE' then return r end
     if type(r) == 'table' and r.err then
       if cur then
         redis.call('UNLINK', d)
