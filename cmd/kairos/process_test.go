@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/sinks/file"
 )
 
 // daemonProc is a kairos run started as a subprocess.
@@ -131,6 +134,7 @@ func waitFor(t *testing.T, what string, within time.Duration, ok func() bool, lo
 // bound, its lease released.
 func TestDaemonsKillAndTerm(t *testing.T) {
 	schema, target := pgtest.Schema(t), pgtest.Schema(t)
+	exportPath := filepath.Join(t.TempDir(), "orders.jsonl")
 	cfg := writeConfig(t, fmt.Sprintf(`database:
   url: %s
   schema: %s
@@ -150,7 +154,10 @@ feeds:
         schema: %s
         table: orders
         create: true
-`, pgtest.URL(), schema, pgtest.URL(), target))
+      export:
+        type: file
+        path: %s
+`, pgtest.URL(), schema, pgtest.URL(), target, exportPath))
 	t.Setenv("KAIROS_TEST_HTTP_LISTEN", "127.0.0.1:1") // config check only; each daemon gets its own
 	if code, _, stderr := kairos(t, "migrate", "-c", cfg); code != exitOK {
 		t.Fatalf("migrate: %s", stderr)
@@ -203,13 +210,25 @@ feeds:
 	write(200, 400)
 	waitFor(t, "daemon B takes over after the ttl", 30*time.Second, held(b), b.logs)
 	waitFor(t, "the table has all 400 rows", 30*time.Second, rows(400), b.logs)
+	waitFor(t, "the export file has all 400 documents", 30*time.Second, func() bool {
+		docs, err := file.Read(exportPath)
+		return err == nil && len(docs) == 400
+	}, b.logs)
 	caughtUp := func() bool {
+		var fv feedView
+		if code, body := get(t, "http://"+b.addr+"/v1/feeds/orders"); code != 200 || json.Unmarshal([]byte(body), &fv) != nil || len(fv.Sinks) != 2 || fv.Head != 400 {
+			t.Errorf("B's /v1/feeds/orders = %d %s", code, body)
+		}
 		fams := b.metrics()
 		head, ok1 := value(fams, "kairos_feed_head", "orders", "table")
 		cur, ok2 := value(fams, "kairos_sink_cursor_seq", "orders", "table")
 		return ok1 && ok2 && head == 400 && cur == 400
 	}
 	waitFor(t, "B's metrics show the cursor at the head", 30*time.Second, caughtUp, b.logs)
+	var fv feedView
+	if code, body := get(t, "http://"+b.addr+"/v1/feeds/orders"); code != 200 || json.Unmarshal([]byte(body), &fv) != nil || len(fv.Sinks) != 2 || fv.Head != 400 {
+		t.Errorf("B's /v1/feeds/orders = %d %s", code, body)
+	}
 	fams := b.metrics()
 	if n := histCount(fams, "kairos_sink_call_duration_seconds", "orders", "table", "apply"); n == 0 {
 		t.Errorf("B's apply durations were not observed")
@@ -238,7 +257,12 @@ feeds:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(d.Sinks) != 1 || d.Sinks[0].Lease != nil || d.Sinks[0].Cursor.Seq != 400 {
-		t.Fatalf("after SIGTERM: %+v; want the cursor at 400 and no lease recorded", d.Sinks)
+	if len(d.Sinks) != 2 {
+		t.Fatalf("after SIGTERM: %+v; want both sinks", d.Sinks)
+	}
+	for _, s := range d.Sinks {
+		if s.Lease != nil || s.Cursor.Seq != 400 {
+			t.Fatalf("after SIGTERM: %+v; want every cursor at 400 and no lease recorded", d.Sinks)
+		}
 	}
 }
