@@ -19,6 +19,10 @@ const FormatVersion = 1
 type header struct {
 	KairosFile int             `json:"kairos_file"`
 	Generation feed.Generation `json:"generation"`
+	// Floor is the lowest seq a resync's copy was first sent: a record
+	// below it is of an older generation (seqs are never reset), and Apply
+	// writes none, so the file never holds one.
+	Floor feed.Seq `json:"floor,omitempty"`
 }
 
 type line struct {
@@ -28,8 +32,8 @@ type line struct {
 	Deleted bool            `json:"deleted,omitempty"`
 }
 
-func headerLine(g feed.Generation) []byte {
-	b, _ := json.Marshal(header{KairosFile: FormatVersion, Generation: g})
+func headerLine(g feed.Generation, floor feed.Seq) []byte {
+	b, _ := json.Marshal(header{KairosFile: FormatVersion, Generation: g, Floor: floor})
 	return append(b, '\n')
 }
 
@@ -54,33 +58,31 @@ var ErrNotAKairosFile = errors.New("not a kairos file (its first line is not a k
 
 // fold reads r from byte offset at (0: from the start, header included) and
 // calls each for every complete record line, with its bytes. It returns the
-// generation (when it read the header), and the offset just past the last
+// header (when it read it), and the offset just past the last
 // complete line: a last line without its newline is left for later.
-func fold(r io.Reader, at int64, each func(l line, raw []byte)) (gen feed.Generation, end int64, err error) {
+func fold(r io.Reader, at int64, each func(l line, raw []byte)) (h header, end int64, err error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	end = at
 	first := at == 0
 	for {
 		raw, err := br.ReadBytes('\n')
 		if err == io.EOF {
-			return gen, end, nil // an unfinished last line is not folded
+			return h, end, nil // an unfinished last line is not folded
 		}
 		if err != nil {
-			return gen, end, err
+			return h, end, err
 		}
 		if first {
 			first = false
-			var h header
 			if json.Unmarshal(raw, &h) != nil || h.KairosFile != FormatVersion {
-				return gen, end, ErrNotAKairosFile
+				return h, end, ErrNotAKairosFile
 			}
-			gen = h.Generation
 			end += int64(len(raw))
 			continue
 		}
 		var l line
 		if err := json.Unmarshal(raw, &l); err != nil || l.Key == "" || l.Seq < 1 || (l.Doc == nil) != l.Deleted {
-			return gen, end, fmt.Errorf("line at byte %d is not a record line", end)
+			return h, end, fmt.Errorf("line at byte %d is not a record line", end)
 		}
 		each(l, raw)
 		end += int64(len(raw))
@@ -108,7 +110,8 @@ func Load(path string) (Snapshot, error) {
 	}
 	defer f.Close()
 	s := Snapshot{Docs: map[feed.Key]json.RawMessage{}, Seqs: map[feed.Key]feed.Seq{}}
-	s.Generation, _, err = fold(f, 0, func(l line, _ []byte) {
+	var h header
+	h, _, err = fold(f, 0, func(l line, _ []byte) {
 		if l.Seq <= s.Seqs[l.Key] {
 			return
 		}
@@ -122,6 +125,7 @@ func Load(path string) (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("reading %s: %w", path, err)
 	}
+	s.Generation = h.Generation
 	return s, nil
 }
 

@@ -53,6 +53,7 @@ type copyState struct {
 	fi     os.FileInfo // the file folded; another one (a rename over path) means fold again
 	offset int64
 	gen    feed.Generation
+	floor  feed.Seq // the header's: records below it are refused
 	seqs   map[feed.Key]feed.Seq
 	lines  int
 }
@@ -125,7 +126,7 @@ func writeFresh(path string, g feed.Generation) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(headerLine(g)); err != nil {
+	if _, err := f.Write(headerLine(g, 0)); err != nil {
 		f.Close()
 		return err
 	}
@@ -161,7 +162,7 @@ func (c *copyState) catchUp(f *os.File) error {
 	if _, err := f.Seek(c.offset, io.SeekStart); err != nil {
 		return err
 	}
-	gen, end, err := fold(f, c.offset, func(l line, _ []byte) {
+	h, end, err := fold(f, c.offset, func(l line, _ []byte) {
 		c.lines++
 		if l.Seq > c.seqs[l.Key] {
 			c.seqs[l.Key] = l.Seq
@@ -171,7 +172,7 @@ func (c *copyState) catchUp(f *os.File) error {
 		return fmt.Errorf("reading %s: %w", c.path, err)
 	}
 	if c.offset == 0 {
-		c.gen = gen
+		c.gen, c.floor = h.Generation, h.Floor
 	}
 	c.offset = end
 	return nil
@@ -180,7 +181,7 @@ func (c *copyState) catchUp(f *os.File) error {
 // apply appends the records above the guard to the copy, under the file
 // lock: it folds what others appended first, drops an unfinished last line
 // a crashed writer left, appends, fsyncs.
-func (s *Sink) apply(c *copyState, records []feed.Record) ([]feed.Rejection, error) {
+func (s *Sink) apply(c *copyState, records []feed.Record, resync bool) ([]feed.Rejection, error) {
 	f, err := os.OpenFile(c.path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
@@ -188,6 +189,23 @@ func (s *Sink) apply(c *copyState, records []feed.Record) ([]feed.Rejection, err
 	defer f.Close()
 	if err := c.catchUp(f); err != nil {
 		return nil, err
+	}
+	if resync && c.floor == 0 && c.lines == 0 && len(records) > 0 {
+		// A resync's first batch starts at its generation's lowest seq:
+		// record it, so that a stale call of an older generation, landing
+		// after this copy is published, cannot add a key it lacks.
+		floor := records[0].Seq
+		for _, r := range records {
+			floor = min(floor, r.Seq)
+		}
+		hl := headerLine(c.gen, floor)
+		if err := f.Truncate(0); err != nil {
+			return nil, err
+		}
+		if _, err := f.WriteAt(hl, 0); err != nil {
+			return nil, err
+		}
+		c.floor, c.offset = floor, int64(len(hl))
 	}
 	var (
 		buf  []byte
@@ -199,8 +217,8 @@ func (s *Sink) apply(c *copyState, records []feed.Record) ([]feed.Rejection, err
 			rejs = append(rejs, feed.Rejection{Key: r.Key, Seq: r.Seq, Reason: fmt.Sprintf("the document is %d bytes; this file sink takes at most %d", len(r.Doc), max)})
 			continue
 		}
-		if r.Seq <= max(c.seqs[r.Key], took[r.Key]) {
-			continue // the guard: the file holds this version or a newer one
+		if r.Seq <= max(c.seqs[r.Key], took[r.Key]) || r.Seq < c.floor {
+			continue // the guard: the file holds this version or a newer one, or the record is of an older generation
 		}
 		if buf, err = appendRecord(buf, r); err != nil {
 			return nil, err
@@ -244,7 +262,7 @@ func (s *Sink) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejecti
 	var rejs []feed.Rejection
 	err := s.locked(func() error {
 		var err error
-		if rejs, err = s.apply(s.live, records); err != nil {
+		if rejs, err = s.apply(s.live, records, false); err != nil {
 			return err
 		}
 		if s.live.lines >= s.opts.CompactMinLines && s.live.lines > s.opts.CompactRatio*len(s.live.seqs) {
@@ -269,7 +287,7 @@ func (s *Sink) compact(c *copyState) error {
 		raw []byte
 	}
 	latest := map[feed.Key]kept{}
-	gen, _, err := fold(f, 0, func(l line, raw []byte) {
+	h, _, err := fold(f, 0, func(l line, raw []byte) {
 		if k, ok := latest[l.Key]; !ok || l.Seq > k.seq {
 			latest[l.Key] = kept{seq: l.Seq, raw: raw}
 		}
@@ -283,7 +301,7 @@ func (s *Sink) compact(c *copyState) error {
 	}
 	slices.SortFunc(all, func(a, b kept) int { return int(a.seq - b.seq) })
 	var out bytes.Buffer
-	out.Write(headerLine(gen))
+	out.Write(headerLine(h.Generation, h.Floor))
 	for _, k := range all {
 		out.Write(k.raw)
 	}
@@ -362,7 +380,7 @@ func (t *target) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	var rejs []feed.Rejection
 	err := t.s.locked(func() error {
 		var err error
-		rejs, err = t.s.apply(t.c, records)
+		rejs, err = t.s.apply(t.c, records, true)
 		return err
 	})
 	return rejs, err

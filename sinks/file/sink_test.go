@@ -223,3 +223,40 @@ func TestNewRefuses(t *testing.T) {
 		t.Errorf("New over a file of someone else's = %v", err)
 	}
 }
+
+// A stale call of an older generation, landing after a resync's copy was
+// published, adds no key the copy lacks: the copy's floor refuses it.
+func TestStaleGenerationAfterPublish(t *testing.T) {
+	s := newSink(t, Options{})
+	stale := newSink(t, Options{Path: s.opts.Path}) // the old worker, in another process
+	if _, err := stale.Apply(t.Context(), []feed.Record{rec("a", 1, `{"g":1}`), rec("b", 2, `{"g":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.OpenResync(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Apply(t.Context(), []feed.Record{rec("a", 10, `{"g":2}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Publish(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stale.Apply(t.Context(), []feed.Record{rec("b", 3, `{"g":1,"late":true}`), rec("c", 4, `{"g":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := Load(s.opts.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Docs) != 1 || string(snap.Docs["a"]) != `{"g":2}` || snap.Generation != 2 {
+		t.Fatalf("after a stale call of generation 1 = %v (generation %d); want only a of generation 2", snap.Docs, snap.Generation)
+	}
+	// Records of the copy's own generation still land.
+	if _, err := s.Apply(t.Context(), []feed.Record{rec("b", 11, `{"g":2}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if docs, _ := Read(s.opts.Path); string(docs["b"]) != `{"g":2}` {
+		t.Fatalf("a record of generation 2 after the publish: %v", docs)
+	}
+}
