@@ -147,7 +147,7 @@ func (c *cli) demo(ctx context.Context, f demoFlags) (err error) {
 
 	// 1. Events, with the projection running beside the writes.
 	orders := demoOrders(f.events)
-	fmt.Fprintf(out, "\n1. %d order events (%d orders) go to the event log; the projection folds them\n   into one document per order and writes its feed in the same transaction\n", f.events, len(orders))
+	fmt.Fprintf(out, "\n1. %d order events (%d orders) go to the event log; the projection folds them\n   into one document per order and writes its feed in the same transaction, and\n   the sinks' workers follow the feed as it grows\n", f.events, len(orders))
 	proj, err := db.projection(1)
 	if err != nil {
 		return err
@@ -163,6 +163,7 @@ func (c *cli) demo(ctx context.Context, f demoFlags) (err error) {
 		return nil
 	}
 	bar := newProgress(out, term)
+	watch := newSinkWatch(db, runner)
 	start, written := time.Now(), 0
 	for i := 0; i < len(orders); {
 		j := min(i+25, len(orders))
@@ -174,7 +175,16 @@ func (c *cli) demo(ctx context.Context, f demoFlags) (err error) {
 			written += len(o.events)
 		}
 		i = j
-		bar.show(i == len(orders), bar.line("events", written, f.events, rate(written, start)))
+		lines := []string{bar.line("events", written, f.events, rate(written, start))}
+		if bar.due(i == len(orders)) {
+			sl, err := watch.lines(ctx, bar)
+			if err != nil {
+				_ = stopProjection()
+				return err
+			}
+			lines = append(lines, sl...)
+		}
+		bar.show(i == len(orders), lines...)
 	}
 	// The background runner may be a poll behind: one CatchUp settles it.
 	if _, err := proj.CatchUp(ctx); err != nil {
@@ -264,29 +274,57 @@ func prepareDemoDir(dir string) error {
 	return nil
 }
 
-// watchSinks draws a bar per sink until every worker has applied the whole
-// feed: the cursor's seq against the head, or, while a sink resyncs (its
-// cursor in the generation before), the records sent to its fresh copy.
-func (c *cli) watchSinks(ctx context.Context, db demoBackend, runner *syncer.Runner, term bool) error {
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { _, err := runner.WaitCaughtUp(wctx); done <- err }()
-	sent0 := map[feed.SinkName]int64{}
+// sinkWatch makes a bar per sink: the cursor's seq against the head, or,
+// while a sink resyncs (its cursor in the generation before), the records
+// sent since the watch began.
+type sinkWatch struct {
+	db     demoBackend
+	runner *syncer.Runner
+	sent0  map[feed.SinkName]int64
+}
+
+func newSinkWatch(db demoBackend, runner *syncer.Runner) *sinkWatch {
+	w := &sinkWatch{db: db, runner: runner, sent0: map[feed.SinkName]int64{}}
 	for _, s := range runner.States() {
-		sent0[s.ID.Sink] = s.RecordsSent
+		w.sent0[s.ID.Sink] = s.RecordsSent
 	}
+	return w
+}
+
+func (w *sinkWatch) lines(ctx context.Context, bar *progress) ([]string, error) {
 	// Seqs run on across generations: the bars count from the seq before
-	// the generation's first record. The projection has caught up, so the
-	// feed stays put while the sinks move.
-	first, err := db.store().ReadBatch(ctx, demoFeed, 0, feed.BatchLimit{Records: 1})
+	// the generation's first record.
+	first, err := w.db.store().ReadBatch(ctx, demoFeed, 0, feed.BatchLimit{Records: 1})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var base feed.Seq
 	if len(first.Records) > 0 {
 		base = first.Records[0].Seq - 1
 	}
+	gen, head := first.Generation, first.Head
+	var lines []string
+	for _, s := range w.runner.States() {
+		name := string(s.ID.Sink)
+		switch {
+		case s.Cursor.Generation == gen:
+			lines = append(lines, bar.line(name, int(max(s.Cursor.Seq-base, 0)), int(head-base), fmt.Sprintf("cursor %d/%d", s.Cursor.Generation, s.Cursor.Seq)))
+		default:
+			sent := int(s.RecordsSent - w.sent0[s.ID.Sink])
+			lines = append(lines, bar.line(name, min(sent, int(head-base)), int(head-base), "resyncing into a fresh copy"))
+		}
+	}
+	return lines, nil
+}
+
+// watchSinks redraws the sinks' bars until every worker has applied the
+// whole feed.
+func (c *cli) watchSinks(ctx context.Context, db demoBackend, runner *syncer.Runner, term bool) error {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := runner.WaitCaughtUp(wctx); done <- err }()
+	watch := newSinkWatch(db, runner)
 	bar := newProgress(c.stdout, term)
 	start := time.Now()
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -302,21 +340,9 @@ func (c *cli) watchSinks(ctx context.Context, db demoBackend, runner *syncer.Run
 		if err != nil {
 			return err
 		}
-		gen, gerr := db.store().Generation(ctx, demoFeed)
-		head, herr := db.store().Head(ctx, demoFeed)
-		if err := errors.Join(gerr, herr); err != nil {
+		lines, err := watch.lines(ctx, bar)
+		if err != nil {
 			return err
-		}
-		var lines []string
-		for _, s := range runner.States() {
-			name := string(s.ID.Sink)
-			switch {
-			case s.Cursor.Generation == gen:
-				lines = append(lines, bar.line(name, int(max(s.Cursor.Seq-base, 0)), int(head-base), fmt.Sprintf("cursor %d/%d", s.Cursor.Generation, s.Cursor.Seq)))
-			default:
-				sent := int(s.RecordsSent - sent0[s.ID.Sink])
-				lines = append(lines, bar.line(name, min(sent, int(head-base)), int(head-base), "resyncing into a fresh copy"))
-			}
 		}
 		bar.show(finished, lines...)
 		if finished {
@@ -519,8 +545,23 @@ func (p *progress) line(name string, n, total int, note string) string {
 	return fmt.Sprintf("   %-7s [%s%s] %7d/%-7d %3.0f%%  %s", name, strings.Repeat("#", full), strings.Repeat(".", width-full), n, total, frac*100, note)
 }
 
+// due says whether show would draw now.
+func (p *progress) due(final bool) bool {
+	switch {
+	case final:
+		return true
+	case p.term:
+		return time.Since(p.last) >= 100*time.Millisecond
+	}
+	return !p.last.IsZero() && time.Since(p.last) >= time.Second
+}
+
 func (p *progress) show(final bool, lines ...string) {
 	if p.term {
+		if !p.due(final) {
+			return
+		}
+		p.last = time.Now()
 		if p.drawn > 0 {
 			fmt.Fprintf(p.w, "\x1b[%dA", p.drawn)
 		}
