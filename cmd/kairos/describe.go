@@ -116,11 +116,7 @@ leases are.`,
 					return usageError{err}
 				}
 			}
-			cfg, err := c.load()
-			if err != nil {
-				return err
-			}
-			st, closeStore, err := openStore(cmd.Context(), cfg)
+			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -170,6 +166,20 @@ func (s pgStore) Now(ctx context.Context) (time.Time, error) {
 	var t time.Time
 	err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
 	return t, err
+}
+
+// open loads the configuration and opens its feed store: what every
+// operator verb starts with.
+func (c *cli) open(ctx context.Context) (*config.Config, pgStore, func(), error) {
+	cfg, err := c.load()
+	if err != nil {
+		return nil, pgStore{}, nil, err
+	}
+	st, closeStore, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, pgStore{}, nil, err
+	}
+	return cfg, st, closeStore, nil
 }
 
 // openStore connects to the configuration's database and opens its feed

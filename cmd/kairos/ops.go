@@ -58,11 +58,7 @@ func (c *cli) parkedCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cfg, err := c.load()
-			if err != nil {
-				return err
-			}
-			st, closeStore, err := openStore(cmd.Context(), cfg)
+			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -110,11 +106,7 @@ With --all, every record parked for the sink is retried.`,
 				}
 				keys = append(keys, feed.Key(k))
 			}
-			cfg, err := c.load()
-			if err != nil {
-				return err
-			}
-			st, closeStore, err := openStore(cmd.Context(), cfg)
+			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -200,11 +192,7 @@ worker first, or remove the sink from its configuration.`,
 			if err != nil {
 				return err
 			}
-			cfg, err := c.load()
-			if err != nil {
-				return err
-			}
-			st, closeStore, err := openStore(cmd.Context(), cfg)
+			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -237,11 +225,7 @@ and a key parked for any sink keeps its tombstone until it is retried.`,
 			if err := f.Validate(); err != nil {
 				return usageError{err}
 			}
-			cfg, err := c.load()
-			if err != nil {
-				return err
-			}
-			st, closeStore, err := openStore(cmd.Context(), cfg)
+			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}

@@ -55,11 +55,7 @@ for the key: never written, or deleted and its tombstone collected).`,
 			if err := key.Validate(); err != nil {
 				return usageError{err}
 			}
-			cfg, err := c.load()
-			if err != nil {
-				return err
-			}
-			st, closeStore, err := openStore(cmd.Context(), cfg)
+			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}
