@@ -2,6 +2,7 @@ package file
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -299,7 +300,7 @@ func (s *Sink) compact(c *copyState) error {
 	for _, k := range latest {
 		all = append(all, k)
 	}
-	slices.SortFunc(all, func(a, b kept) int { return int(a.seq - b.seq) })
+	slices.SortFunc(all, func(a, b kept) int { return cmp.Compare(a.seq, b.seq) })
 	var out bytes.Buffer
 	out.Write(headerLine(h.Generation, h.Floor))
 	for _, k := range all {
