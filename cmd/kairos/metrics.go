@@ -19,7 +19,7 @@ import (
 // feed and sink; no metric carries an error's text, which could hold what a
 // target answered.
 type workerCollector struct {
-	runners []*syncer.Runner
+	states func() []syncer.State
 }
 
 var (
@@ -84,36 +84,58 @@ func b2f(b bool) float64 {
 }
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, r := range c.runners {
-		for _, s := range r.States() {
-			l := []string{string(s.ID.Feed), string(s.ID.Sink)}
-			g := func(d *prometheus.Desc, v float64) {
-				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
-			}
-			n := func(d *prometheus.Desc, v float64) {
-				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
-			}
-			g(mHead, float64(s.Head))
-			g(mCursor, float64(s.Cursor.Seq))
-			g(mGeneration, float64(s.Cursor.Generation))
-			g(mLag, float64(s.Lag))
-			g(mPending, float64(max(0, int64(s.Head)-int64(s.Cursor.Seq))))
-			g(mParked, float64(s.Parked))
-			g(mLeaseHeld, b2f(s.LeaseHeld))
-			g(mFailing, b2f(failing(s)))
-			g(mWakeUps, b2f(s.WakeUps))
-			n(mApplied, float64(s.RecordsApplied))
-			n(mSent, float64(s.RecordsSent))
-			n(mResyncs, float64(s.Resyncs))
-			if !s.LastAdvance.IsZero() {
-				g(mLastAdvance, float64(s.LastAdvance.UnixNano())/1e9)
-				g(mSinceAdvance, time.Since(s.LastAdvance).Seconds())
-			}
-			if !s.LastErrorAt.IsZero() {
-				g(mLastErrorTime, float64(s.LastErrorAt.UnixNano())/1e9)
-			}
+	for _, s := range c.states() {
+		l := []string{string(s.ID.Feed), string(s.ID.Sink)}
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+		}
+		n := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+		}
+		g(mHead, float64(s.Head))
+		g(mCursor, float64(s.Cursor.Seq))
+		g(mGeneration, float64(s.Cursor.Generation))
+		g(mLag, float64(s.Lag))
+		g(mPending, float64(max(0, int64(s.Head)-int64(s.Cursor.Seq))))
+		g(mParked, float64(s.Parked))
+		g(mLeaseHeld, b2f(s.LeaseHeld))
+		g(mFailing, b2f(failing(s)))
+		g(mWakeUps, b2f(s.WakeUps))
+		n(mApplied, float64(s.RecordsApplied))
+		n(mSent, float64(s.RecordsSent))
+		n(mResyncs, float64(s.Resyncs))
+		if !s.LastAdvance.IsZero() {
+			g(mLastAdvance, float64(s.LastAdvance.UnixNano())/1e9)
+			g(mSinceAdvance, time.Since(s.LastAdvance).Seconds())
+		}
+		if !s.LastErrorAt.IsZero() {
+			g(mLastErrorTime, float64(s.LastErrorAt.UnixNano())/1e9)
 		}
 	}
+}
+
+// reloadCollector shows the last reload's outcome, named as Prometheus
+// names its own.
+type reloadCollector struct{ status *reloadStatus }
+
+var (
+	mReloadOK      = prometheus.NewDesc("kairos_config_last_reload_successful", "1 when the last reload of the configuration (or the start) applied in full; 0 when it was refused or a sink could not be built.", nil, nil)
+	mReloadSuccess = prometheus.NewDesc("kairos_config_last_reload_success_timestamp_seconds", "When the configuration last applied in full, as a Unix time.", nil, nil)
+	mReloads       = prometheus.NewDesc("kairos_config_reloads_total", "Reloads tried, by result (success or failure).", []string{"result"}, nil)
+)
+
+func (c reloadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- mReloadOK
+	ch <- mReloadSuccess
+	ch <- mReloads
+}
+
+func (c reloadCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.status.snapshot()
+	ch <- prometheus.MustNewConstMetric(mReloadOK, prometheus.GaugeValue, b2f(s.OK))
+	ch <- prometheus.MustNewConstMetric(mReloadSuccess, prometheus.GaugeValue, float64(s.LastSuccess.UnixNano())/1e9)
+	ch <- prometheus.MustNewConstMetric(mReloads, prometheus.CounterValue, float64(s.Successes), "success")
+	ch <- prometheus.MustNewConstMetric(mReloads, prometheus.CounterValue, float64(s.Failures), "failure")
 }
 
 // failing says the worker's last fault stands.
@@ -129,9 +151,9 @@ func settled(s syncer.State) bool {
 
 // handler serves /healthz, /readyz, /metrics and the feeds' descriptions
 // under /v1/feeds.
-func handler(runners []*syncer.Runner, calls *callMetrics, st pgStore, url string) http.Handler {
+func handler(sup *supervisor, calls *callMetrics, status *reloadStatus, st pgStore, url string) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(workerCollector{runners: runners}, calls.duration, calls.errors, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(workerCollector{states: sup.States}, reloadCollector{status}, calls.duration, calls.errors, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -149,15 +171,17 @@ func handler(runners []*syncer.Runner, calls *callMetrics, st pgStore, url strin
 		var out struct {
 			Ready bool        `json:"ready"`
 			Sinks []sinkReady `json:"sinks"`
+			// Config is the last reload's outcome: a failed one leaves the
+			// sinks as they were, so it does not make the daemon unready.
+			Config reloadSnapshot `json:"config"`
 		}
 		out.Ready = true
-		for _, r := range runners {
-			for _, s := range r.States() {
-				f := failing(s)
-				out.Ready = out.Ready && settled(s)
-				out.Sinks = append(out.Sinks, sinkReady{Feed: string(s.ID.Feed), Sink: string(s.ID.Sink), Phase: string(s.Phase), Leased: s.LeaseHeld, Failing: f})
-			}
+		out.Sinks = []sinkReady{}
+		for _, s := range sup.States() {
+			out.Ready = out.Ready && settled(s)
+			out.Sinks = append(out.Sinks, sinkReady{Feed: string(s.ID.Feed), Sink: string(s.ID.Sink), Phase: string(s.Phase), Leased: s.LeaseHeld, Failing: failing(s)})
 		}
+		out.Config = status.snapshot()
 		w.Header().Set("Content-Type", "application/json")
 		if !out.Ready {
 			w.WriteHeader(http.StatusServiceUnavailable)
