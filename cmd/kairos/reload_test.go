@@ -270,7 +270,10 @@ feeds:
 	go func() { done <- run(ctx, []string{"run", "-c", cfg, "--config-poll", "100ms"}, io.Discard, logs) }()
 	d := &daemonProc{addr: addr, logs: logs}
 	has := func(sink string) func() bool {
-		return func() bool { v, ok := value(d.metrics(), "kairos_sink_lease_held", "orders", sink); return ok && v == 1 }
+		return func() bool {
+			v, ok := value(d.metrics(), "kairos_sink_lease_held", "orders", sink)
+			return ok && v == 1
+		}
 	}
 	waitFor(t, "sink a holds its lease", 30*time.Second, has("a"), logs)
 	if err := os.WriteFile(cfg, []byte(base+fmt.Sprintf("      b:\n        type: file\n        path: %s\n", filepath.Join(dir, "b.jsonl"))), 0o600); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/config"
+	"github.com/kairos-es/kairos/internal/metrics"
 	"github.com/kairos-es/kairos/pgfeed"
 )
 
@@ -139,7 +140,7 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	calls := newCallMetrics()
+	calls := metrics.NewCalls()
 	sup := &supervisor{ctx: ctx, store: st, calls: calls, log: log, sinks: map[feed.SinkID]*supervised{}}
 	defer sup.wait()
 	if err := sup.startAll(cfg); err != nil {
