@@ -66,21 +66,23 @@ func writeConfig(t *testing.T, text string) string {
 }
 
 func TestUsageMistakesExitTwo(t *testing.T) {
+	g := golden(t, "usage")
 	for _, args := range [][]string{{"bogus"}, {"--nope"}, {"version", "extra"}, {"config", "nope"}, {"migrate", "--print=maybe"}} {
-		code, _, stderr := kairos(t, args...)
+		code, _, stderr := g.run(args...)
 		if code != exitUsage || !strings.HasPrefix(stderr, "kairos: ") {
 			t.Errorf("kairos %v = exit %d, %q; want exit %d with a message", args, code, stderr, exitUsage)
 		}
 	}
-	if code, out, _ := kairos(t, "--help"); code != exitOK || !strings.Contains(out, "Exit codes") {
+	if code, out, _ := g.run("--help"); code != exitOK || !strings.Contains(out, "Exit codes") {
 		t.Errorf("--help = exit %d, %q", code, out)
 	}
-	if code, out, _ := kairos(t, "version"); code != exitOK || !strings.HasPrefix(out, "kairos ") {
+	if code, out, _ := g.run("version"); code != exitOK || !strings.HasPrefix(out, "kairos ") {
 		t.Errorf("version = exit %d, %q", code, out)
 	}
 }
 
 func TestConfigCheck(t *testing.T) {
+	g := golden(t, "config-check")
 	good := writeConfig(t, `database:
   url: ${KAIROS_TEST_CHECK_URL}
 feeds:
@@ -97,7 +99,8 @@ feeds:
         timeout: 5s
 `)
 	t.Setenv("KAIROS_TEST_CHECK_URL", "postgres://app:pw@db/app")
-	code, out, stderr := kairos(t, "config", "check", "-c", good)
+	g.subst = append(g.subst, good, "<good>")
+	code, out, stderr := g.run("config", "check", "-c", good)
 	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 2 sinks") {
 		t.Fatalf("check of a good file = exit %d, %q, %q", code, out, stderr)
 	}
@@ -114,7 +117,8 @@ feeds:
         url: https://example.com/hook
         timeout: soon
 `)
-	code, _, stderr = kairos(t, "config", "check", "--config", bad)
+	g.subst = append(g.subst, bad, "<bad>")
+	code, _, stderr = g.run("config", "check", "--config", bad)
 	if code != exitUsage {
 		t.Fatalf("check of a bad file = exit %d, %q; want %d", code, stderr, exitUsage)
 	}
@@ -135,10 +139,10 @@ feeds:
 	// Without a file: where it was looked for, and how to name one.
 	t.Setenv("KAIROS_CONFIG", "")
 	t.Chdir(t.TempDir())
-	if code, _, stderr := kairos(t, "config", "check"); code != exitUsage || !strings.Contains(stderr, "kairos.yaml does not exist") || !strings.Contains(stderr, "--config") {
+	if code, _, stderr := g.run("config", "check"); code != exitUsage || !strings.Contains(stderr, "kairos.yaml does not exist") || !strings.Contains(stderr, "--config") {
 		t.Errorf("check without a file = exit %d, %q", code, stderr)
 	}
-	if code, _, stderr := kairos(t, "config", "check", "-c", "missing.yaml"); code != exitUsage || !strings.Contains(stderr, "missing.yaml does not exist") {
+	if code, _, stderr := g.run("config", "check", "-c", "missing.yaml"); code != exitUsage || !strings.Contains(stderr, "missing.yaml does not exist") {
 		t.Errorf("check of a missing named file = exit %d, %q", code, stderr)
 	}
 }
@@ -146,7 +150,8 @@ feeds:
 func TestMigrate(t *testing.T) {
 	schema := pgtest.Schema(t)
 	cfg := writeConfig(t, "database:\n  url: "+pgtest.URL()+"\n  schema: "+schema+"\n")
-	code, out, stderr := kairos(t, "migrate", "--print", "-c", cfg)
+	g := golden(t, "migrate", cfg, "<config>", pgtest.URL(), "<database>")
+	code, out, stderr := g.run("migrate", "--print", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "-- pgfeed") || !strings.Contains(out, "-- pgread") || !strings.Contains(out, `"`+schema+`"`) {
 		t.Fatalf("migrate --print = exit %d, stderr %q, output of %d bytes", code, stderr, len(out))
 	}
@@ -159,14 +164,14 @@ func TestMigrate(t *testing.T) {
 	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("--print touched the database: %d schemas named %s, %v", n, schema, err)
 	}
-	code, out, stderr = kairos(t, "migrate", "-c", cfg)
+	code, out, stderr = g.run("migrate", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "pgfeed: applied 1") || !strings.Contains(out, "pgread: applied 1, 2") {
 		t.Fatalf("migrate = exit %d, %q, %q", code, out, stderr)
 	}
 	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n); err != nil || n < 4 {
 		t.Fatalf("after migrate the schema has %d tables, %v", n, err)
 	}
-	code, out, _ = kairos(t, "migrate", "-c", cfg)
+	code, out, _ = g.run("migrate", "-c", cfg)
 	if code != exitOK || out != "pgfeed: up to date\npgread: up to date\n" {
 		t.Fatalf("a second migrate = exit %d, %q", code, out)
 	}
