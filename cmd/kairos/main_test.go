@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -228,5 +231,86 @@ func TestExampleConfigChecks(t *testing.T) {
 	code, out, stderr := kairos(t, "config", "check", "-c", "../../examples/kairos.yaml")
 	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 8 sinks") {
 		t.Fatalf("examples/kairos.yaml = exit %d, %q, %q", code, out, stderr)
+	}
+}
+
+// version says what the build recorded, and a commit named at link time
+// stands in for one the go command could not record.
+func TestVersionOf(t *testing.T) {
+	const rev = "0123456789abcdef0123456789abcdef01234567"
+	devel := func(settings ...debug.BuildSetting) *debug.BuildInfo {
+		return &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/kairos-es/kairos", Version: "(devel)"}, Settings: settings}
+	}
+	for _, c := range []struct {
+		name   string
+		info   *debug.BuildInfo
+		ok     bool
+		linked string
+		want   string
+	}{
+		{"go install at a tag", &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v0.3.0"}}, true, "", "kairos v0.3.0 go1.26.8"},
+		{"go install at a commit", &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v0.0.0-20261201104200-0123456789ab"}}, true, "", "kairos v0.0.0-20261201104200-0123456789ab go1.26.8"},
+		{"a checkout", devel(debug.BuildSetting{Key: "vcs.revision", Value: rev}, debug.BuildSetting{Key: "vcs.modified", Value: "false"}), true, "", "kairos devel (0123456789ab) go1.26.8"},
+		{"a checkout with changes", devel(debug.BuildSetting{Key: "vcs.revision", Value: rev}, debug.BuildSetting{Key: "vcs.modified", Value: "true"}), true, "", "kairos devel (0123456789ab+dirty) go1.26.8"},
+		{"a worktree", devel(), true, "", "kairos devel (no commit recorded: see kairos version --help) go1.26.8"},
+		{"a worktree, commit linked in", devel(), true, rev, "kairos devel (0123456789ab) go1.26.8"},
+		{"recorded beats linked", devel(debug.BuildSetting{Key: "vcs.revision", Value: "fedcba9876543210"}), true, rev, "kairos devel (fedcba987654) go1.26.8"},
+		{"no build information", nil, false, "", "kairos (no build information)"},
+	} {
+		if got := versionOf(c.info, c.ok, c.linked); got != c.want {
+			t.Errorf("%s: version = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// The README's command list names every verb the command has, so the
+// reference cannot fall behind the command.
+func TestREADMEListsEveryVerb(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "## The `kairos` command")
+	_, block, ok2 := strings.Cut(after, "```sh\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("the README has no command list under its kairos command section")
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(block, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != "kairos" {
+			continue
+		}
+		var words []string
+		for _, f := range fields[1:] {
+			if strings.HasPrefix(f, "-") || strings.HasPrefix(f, "[") || strings.HasPrefix(f, "#") || strings.ToUpper(f) == f {
+				break
+			}
+			words = append(words, f)
+			listed[strings.Join(words, " ")] = true
+		}
+	}
+	var walk func(cmd *cobra.Command, path string)
+	n := 0
+	walk = func(cmd *cobra.Command, path string) {
+		for _, sub := range cmd.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			p := strings.TrimSpace(path + " " + sub.Name())
+			if sub.HasSubCommands() {
+				walk(sub, p)
+				continue
+			}
+			n++
+			if !listed[p] {
+				t.Errorf("the README's command list lacks kairos %s", p)
+			}
+		}
+	}
+	walk(newRoot(io.Discard, io.Discard), "")
+	if n < 10 {
+		t.Fatalf("walked %d verbs; the command tree was not read", n)
 	}
 }
