@@ -228,6 +228,17 @@ feeds:
 		}
 	}
 
+	// A changed sink whose new section cannot be built runs again on its
+	// old one, and the reload is reported failed.
+	rewrite(strings.Replace(v2, path("change"), filepath.Join(dir, "missing", "change.jsonl"), 1))
+	hup()
+	waitFor(t, "the unbuildable section is reported", 30*time.Second, reloadOK(0), d.logs)
+	if logs := d.logs.String(); !strings.Contains(logs, "changed sink cannot be built; it runs again on its old section") || !strings.Contains(logs, "feeds.orders.sinks.change") {
+		t.Errorf("the log does not say the changed sink runs on its old section:\n%s", logs)
+	}
+	write(200, 250)
+	waitFor(t, "the sink on its old section still syncs", 30*time.Second, func() bool { return held("change")() && docsIn(path("change")) == 250 }, d.logs)
+
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
