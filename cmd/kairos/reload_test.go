@@ -294,6 +294,19 @@ feeds:
 	if !strings.Contains(logs.String(), `trigger="file changed"`) {
 		t.Errorf("the log does not say the file's change triggered the reload:\n%s", logs.String())
 	}
+	// log.level applies at once: at warn, the stop's info lines are gone.
+	withB := base + fmt.Sprintf("      b:\n        type: file\n        path: %s\n", filepath.Join(dir, "b.jsonl"))
+	if err := os.WriteFile(cfg, []byte("log:\n  level: warn\n"+withB), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the level's change reloads", 30*time.Second, func() bool {
+		for _, m := range d.metrics()["kairos_config_reloads_total"].GetMetric() {
+			if m.GetLabel()[0].GetValue() == "success" && m.GetCounter().GetValue() == 2 {
+				return true
+			}
+		}
+		return false
+	}, logs)
 	cancel()
 	select {
 	case code := <-done:
@@ -302,5 +315,8 @@ feeds:
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the daemon did not stop within 20s of its context ending")
+	}
+	if strings.Contains(logs.String(), "kairos stopped") {
+		t.Errorf("the daemon logged at info after a reload set log.level to warn:\n%s", logs.String())
 	}
 }
