@@ -230,7 +230,7 @@ func (s *supervisor) apply(cfg *config.Config) reloadResult {
 		if !wanted[id] {
 			stop = append(stop, id)
 			res.removed++
-			s.log.Info("reload: sink removed from the file; its worker stops and releases its lease", "feed", string(id.Feed), "sink", string(id.Sink))
+			s.log.Info("reload: sink removed from the file; its worker stops and releases its lease (its cursor stays registered, and holds tombstones back, until kairos sink remove)", "feed", string(id.Feed), "sink", string(id.Sink))
 		}
 	}
 	for _, sp := range want {
