@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/config"
 	"github.com/kairos-es/kairos/internal/pgtest"
 	"github.com/kairos-es/kairos/pgfeed"
 	"github.com/kairos-es/kairos/sinks/file"
@@ -318,5 +319,83 @@ feeds:
 	}
 	if strings.Contains(logs.String(), "kairos stopped") {
 		t.Errorf("the daemon logged at info after a reload set log.level to warn:\n%s", logs.String())
+	}
+}
+
+// Each setting a running daemon cannot apply is named when a reload changes
+// it, and none is when only the feeds change; a sink restarts when its
+// section or its feed's worker settings change, not for a comment.
+func TestReloadClassifiesChanges(t *testing.T) {
+	parse := func(text string) *config.Config {
+		t.Helper()
+		cfg, err := config.Parse([]byte(text), config.ParseOptions{SinkTypes: sinkTypes()})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, text)
+		}
+		return cfg
+	}
+	const base = `database:
+  url: postgres://a@db/app
+  schema: s
+  table_prefix: p_
+lease:
+  kind: row
+  ttl: 30s
+  heartbeat: 10s
+  margin: 10s
+http:
+  listen: 127.0.0.1:9187
+log:
+  format: text
+  level: info
+feeds:
+  orders:
+    batch: 100
+    sinks:
+      f:
+        type: file
+        path: a.jsonl
+`
+	cur := parse(base)
+	for old, want := range map[string]string{
+		"url: postgres://a@db/app": "database.url",
+		"schema: s":                "database.schema",
+		"table_prefix: p_":         "database.table_prefix",
+		"kind: row":                "lease.kind",
+		"ttl: 30s":                 "lease.ttl",
+		"heartbeat: 10s":           "lease.heartbeat",
+		"margin: 10s":              "lease.margin",
+		"listen: 127.0.0.1:9187":   "http.listen",
+		"format: text":             "log.format",
+		"level: info":              "",
+		"batch: 100":               "",
+		"path: a.jsonl":            "",
+	} {
+		changed := map[string]string{
+			"url: postgres://a@db/app": "url: postgres://b@db/app", "schema: s": "schema: t", "table_prefix: p_": "table_prefix: q_",
+			"kind: row": "kind: advisory", "ttl: 30s": "ttl: 40s", "heartbeat: 10s": "heartbeat: 5s", "margin: 10s": "margin: 5s",
+			"listen: 127.0.0.1:9187": "listen: 127.0.0.1:9188", "format: text": "format: json", "level: info": "level: debug",
+			"batch: 100": "batch: 200", "path: a.jsonl": "path: b.jsonl",
+		}[old]
+		got := strings.Join(fixed(cur, parse(strings.Replace(base, old, changed, 1))), ",")
+		if got != want {
+			t.Errorf("%s → %s: fixed names %q, want %q", old, changed, got, want)
+		}
+	}
+	spec := func(text string) sinkSpec { return specs(parse(text))[0] }
+	for _, c := range []struct {
+		from, to string
+		same     bool
+	}{
+		{"path: a.jsonl", "path: a.jsonl # the same file", true},
+		{"level: info", "level: debug", true},
+		{"path: a.jsonl", "path: b.jsonl", false},
+		{"path: a.jsonl", "path: a.jsonl\n        compact_min_lines: 7", false},
+		{"batch: 100", "batch: 200", false},
+		{"batch: 100", "batch: 100\n    poll_interval: 2s", false},
+	} {
+		if got := spec(base).same(spec(strings.Replace(base, c.from, c.to, 1))); got != c.same {
+			t.Errorf("%q → %q: same = %v, want %v", c.from, c.to, got, c.same)
+		}
 	}
 }
