@@ -161,6 +161,13 @@ feeds:
 	if n := docsIn(path("gone")); n != 100 {
 		t.Errorf("the removed sink's file has %d documents; want the 100 it had when it stopped", n)
 	}
+	for _, m := range d.metrics()["kairos_sink_call_duration_seconds"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "sink" && l.GetValue() == "gone" {
+				t.Errorf("the removed sink's call durations are still exported")
+			}
+		}
+	}
 	logs := d.logs.String()
 	for _, want := range []string{"sink removed from the file", "sink restarted on its new section", "reload: sink added", "kept=1 added=1 removed=1 restarted=1 failed=0"} {
 		if !strings.Contains(logs, want) {

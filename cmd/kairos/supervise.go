@@ -11,6 +11,7 @@ import (
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/config"
+	"github.com/kairos-es/kairos/internal/metrics"
 	"github.com/kairos-es/kairos/syncer"
 )
 
@@ -29,7 +30,7 @@ import (
 type supervisor struct {
 	ctx   context.Context // the daemon's: every worker's context derives from it
 	store feed.Store
-	calls syncer.Observer
+	calls *metrics.Calls
 	log   *slog.Logger
 
 	mu    sync.Mutex
@@ -247,6 +248,11 @@ func (s *supervisor) apply(cfg *config.Config) reloadResult {
 		}
 	}
 	s.stopAll(stop)
+	for id := range old {
+		if !wanted[id] {
+			s.calls.Forget(id)
+		}
+	}
 	s.setOrder(cfg)
 	for _, sp := range build {
 		was, restart := old[sp.id]

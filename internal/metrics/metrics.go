@@ -86,6 +86,15 @@ func (m *Calls) SinkCall(id feed.SinkID, op string, took time.Duration, err erro
 	}
 }
 
+// Forget drops the series of a sink the daemon no longer serves, so a sink
+// removed from the configuration leaves /metrics rather than showing its
+// last figures for ever.
+func (m *Calls) Forget(id feed.SinkID) {
+	l := prometheus.Labels{"feed": string(id.Feed), "sink": string(id.Sink)}
+	m.duration.DeletePartialMatch(l)
+	m.errors.DeletePartialMatch(l)
+}
+
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mHead, mCursor, mGeneration, mLag, mParked, mLeaseHeld, mFailing, mWakeUps, mApplied, mSent, mResyncs, mLastAdvance, mLastErrorTime, mPending, mSinceAdvance} {
 		ch <- d
