@@ -143,17 +143,19 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 	calls := metrics.NewCalls()
 	sup := &supervisor{ctx: ctx, store: st, calls: calls, log: log, sinks: map[feed.SinkID]*supervised{}}
 	defer sup.wait()
+	// Listen before any worker starts, so an address in use stops the start
+	// with nothing sent; serve once they run, so /readyz never answers for
+	// an empty set.
+	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+	if err != nil {
+		return fmt.Errorf("http.listen: %w", err)
+	}
 	if err := sup.startAll(cfg); err != nil {
+		ln.Close()
 		return err
 	}
 	hash, _ := fileHash(do.path)
 	status := newReloadStatus(time.Now())
-
-	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
-	if err != nil {
-		stop()
-		return fmt.Errorf("http.listen: %w", err)
-	}
 	srv := &http.Server{Handler: handler(sup, calls, status, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
