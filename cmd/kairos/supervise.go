@@ -56,7 +56,7 @@ type sinkSpec struct {
 }
 
 // same says two specs run the same worker over the same target. Options
-// are compared as decoded (defaults filled in, ${NAME} expanded), so a
+// are compared as decoded (${NAME} expanded), so a
 // comment or a reordering of keys changes nothing; a file the section
 // names (a bleve mapping, NATS credentials) is read when the sink is built,
 // and a change of that file alone is not seen.
