@@ -56,10 +56,10 @@ type sinkSpec struct {
 }
 
 // same says two specs run the same worker over the same target. Options
-// are compared as decoded (${NAME} expanded), so a
-// comment or a reordering of keys changes nothing; a file the section
-// names (a bleve mapping, NATS credentials) is read when the sink is built,
-// and a change of that file alone is not seen.
+// are compared as decoded (${NAME} expanded), so a comment or a reordering
+// of keys changes nothing; a file the section names (a bleve mapping, NATS
+// credentials) is read when the sink is built, and a change of that file
+// alone is not seen.
 func (a sinkSpec) same(b sinkSpec) bool {
 	return a.sink.Type == b.sink.Type && reflect.DeepEqual(a.sink.Options, b.sink.Options) &&
 		a.feed.Batch == b.feed.Batch && a.feed.BatchBytes == b.feed.BatchBytes && a.feed.PollInterval == b.feed.PollInterval
