@@ -59,6 +59,8 @@ type Sizes struct {
 	DescribeCalls  int           // describe: calls per run
 	SinkApplyBatch int           // sink apply rates: records per Apply
 	SinkApplyRecs  int           // sink apply rates: records per run
+	ScrapeSinks    int           // M: sinks, each Backlog rows behind
+	Scrapes        int           // M: timed scrapes per run
 }
 
 // FullSizes are the sizes.
@@ -69,6 +71,7 @@ var FullSizes = Sizes{
 	Writers: 16, WritersFor: 3 * time.Second,
 	Tombstones: 100_000, DescribeSinks: 10, DescribeCalls: 3,
 	SinkApplyBatch: 500, SinkApplyRecs: 200_000,
+	ScrapeSinks: 10, Scrapes: 300,
 }
 
 // TinySizes keep every code path of the full run at a size CI can afford.
@@ -79,6 +82,7 @@ var TinySizes = Sizes{
 	Writers: 4, WritersFor: 300 * time.Millisecond,
 	Tombstones: 1_000, DescribeSinks: 3, DescribeCalls: 2,
 	SinkApplyBatch: 500, SinkApplyRecs: 5_000,
+	ScrapeSinks: 3, Scrapes: 20,
 }
 
 // env is what every measurement shares: the database and the sizes.

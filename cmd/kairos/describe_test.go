@@ -40,9 +40,10 @@ func migratedOn(t *testing.T, schema string) (cfg string, st *pgfeed.Store) {
 
 func TestDescribe(t *testing.T) {
 	cfg, st := migrated(t)
+	g := golden(t, "describe", cfg, "<config>")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if code, out, _ := kairos(t, "describe", "-c", cfg); code != exitOK || out != "no feeds yet\n" {
+	if code, out, _ := g.run("describe", "-c", cfg); code != exitOK || out != "no feeds yet\n" {
 		t.Fatalf("describe of an empty schema = exit %d, %q", code, out)
 	}
 	if _, err := st.WriteCommitted(ctx, "orders", []feed.Change{feed.Put("a", []byte(`{}`)), feed.Put("b", []byte(`{}`)), feed.Put("c", []byte(`{}`))}); err != nil {
@@ -58,7 +59,7 @@ func TestDescribe(t *testing.T) {
 		Parked: feed.ParkChange{Replace: true, Park: []feed.ParkedRecord{{Key: "b", Seq: 2, Reason: "too big", ParkedAt: time.Now()}}}}); err != nil {
 		t.Fatal(err)
 	}
-	code, out, stderr := kairos(t, "describe", "orders", "-c", cfg)
+	code, out, stderr := g.run("describe", "orders", "-c", cfg)
 	if code != exitOK {
 		t.Fatalf("describe = exit %d, %q", code, stderr)
 	}
@@ -70,7 +71,7 @@ func TestDescribe(t *testing.T) {
 	if strings.Contains(out, "\x1b[") {
 		t.Errorf("colour codes in output that is not a terminal:\n%q", out)
 	}
-	code, out, _ = kairos(t, "describe", "-o", "json", "-c", cfg)
+	code, out, _ = g.run("describe", "-o", "json", "-c", cfg)
 	var views []feedView
 	if err := json.Unmarshal([]byte(out), &views); code != exitOK || err != nil {
 		t.Fatalf("describe -o json = exit %d, %v:\n%s", code, err, out)
@@ -83,18 +84,18 @@ func TestDescribe(t *testing.T) {
 		s.LeaseExpiresInSeconds == nil || *s.LeaseExpiresInSeconds <= 0 || *s.LeaseExpiresInSeconds > feed.DefaultLeaseTTL.Seconds()+1 {
 		t.Fatalf("json sink = %+v", s)
 	}
-	code, out, _ = kairos(t, "describe", "orders", "-o", "yaml", "-c", cfg)
+	code, out, _ = g.run("describe", "orders", "-o", "yaml", "-c", cfg)
 	var yv []feedView
 	if err := yaml.Unmarshal([]byte(out), &yv); code != exitOK || err != nil || len(yv) != 1 || yv[0].Sinks[0].Pending != 1 {
 		t.Fatalf("describe -o yaml = exit %d, %v:\n%s", code, err, out)
 	}
-	if code, _, stderr := kairos(t, "describe", "nosuch", "-c", cfg); code != exitFailure || !strings.Contains(stderr, "nosuch") {
+	if code, _, stderr := g.run("describe", "nosuch", "-c", cfg); code != exitFailure || !strings.Contains(stderr, "nosuch") {
 		t.Errorf("describe of an unknown feed = exit %d, %q", code, stderr)
 	}
-	if code, _, _ := kairos(t, "describe", "-o", "xml", "-c", cfg); code != exitUsage {
+	if code, _, _ := g.run("describe", "-o", "xml", "-c", cfg); code != exitUsage {
 		t.Errorf("describe -o xml = exit %d, want %d", code, exitUsage)
 	}
-	if code, _, _ := kairos(t, "describe", "a b", "-c", cfg); code != exitUsage {
+	if code, _, _ := g.run("describe", "a b", "-c", cfg); code != exitUsage {
 		t.Errorf("describe of a bad feed name = exit %d, want %d", code, exitUsage)
 	}
 }

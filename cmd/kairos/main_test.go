@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -66,21 +69,23 @@ func writeConfig(t *testing.T, text string) string {
 }
 
 func TestUsageMistakesExitTwo(t *testing.T) {
-	for _, args := range [][]string{{"bogus"}, {"--nope"}, {"version", "extra"}, {"config", "nope"}, {"migrate", "--print=maybe"}} {
-		code, _, stderr := kairos(t, args...)
+	g := golden(t, "usage")
+	for _, args := range [][]string{{"bogus"}, {"--nope"}, {"version", "extra"}, {"config", "nope"}, {"migrate", "--print=maybe"}, {"run", "--config-poll", "-1s"}, {"run", "--config-poll", "soon"}} {
+		code, _, stderr := g.run(args...)
 		if code != exitUsage || !strings.HasPrefix(stderr, "kairos: ") {
 			t.Errorf("kairos %v = exit %d, %q; want exit %d with a message", args, code, stderr, exitUsage)
 		}
 	}
-	if code, out, _ := kairos(t, "--help"); code != exitOK || !strings.Contains(out, "Exit codes") {
+	if code, out, _ := g.run("--help"); code != exitOK || !strings.Contains(out, "Exit codes") {
 		t.Errorf("--help = exit %d, %q", code, out)
 	}
-	if code, out, _ := kairos(t, "version"); code != exitOK || !strings.HasPrefix(out, "kairos ") {
+	if code, out, _ := g.run("version"); code != exitOK || !strings.HasPrefix(out, "kairos ") {
 		t.Errorf("version = exit %d, %q", code, out)
 	}
 }
 
 func TestConfigCheck(t *testing.T) {
+	g := golden(t, "config-check")
 	good := writeConfig(t, `database:
   url: ${KAIROS_TEST_CHECK_URL}
 feeds:
@@ -97,7 +102,8 @@ feeds:
         timeout: 5s
 `)
 	t.Setenv("KAIROS_TEST_CHECK_URL", "postgres://app:pw@db/app")
-	code, out, stderr := kairos(t, "config", "check", "-c", good)
+	g.subst = append(g.subst, good, "<good>")
+	code, out, stderr := g.run("config", "check", "-c", good)
 	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 2 sinks") {
 		t.Fatalf("check of a good file = exit %d, %q, %q", code, out, stderr)
 	}
@@ -114,7 +120,8 @@ feeds:
         url: https://example.com/hook
         timeout: soon
 `)
-	code, _, stderr = kairos(t, "config", "check", "--config", bad)
+	g.subst = append(g.subst, bad, "<bad>")
+	code, _, stderr = g.run("config", "check", "--config", bad)
 	if code != exitUsage {
 		t.Fatalf("check of a bad file = exit %d, %q; want %d", code, stderr, exitUsage)
 	}
@@ -135,10 +142,10 @@ feeds:
 	// Without a file: where it was looked for, and how to name one.
 	t.Setenv("KAIROS_CONFIG", "")
 	t.Chdir(t.TempDir())
-	if code, _, stderr := kairos(t, "config", "check"); code != exitUsage || !strings.Contains(stderr, "kairos.yaml does not exist") || !strings.Contains(stderr, "--config") {
+	if code, _, stderr := g.run("config", "check"); code != exitUsage || !strings.Contains(stderr, "kairos.yaml does not exist") || !strings.Contains(stderr, "--config") {
 		t.Errorf("check without a file = exit %d, %q", code, stderr)
 	}
-	if code, _, stderr := kairos(t, "config", "check", "-c", "missing.yaml"); code != exitUsage || !strings.Contains(stderr, "missing.yaml does not exist") {
+	if code, _, stderr := g.run("config", "check", "-c", "missing.yaml"); code != exitUsage || !strings.Contains(stderr, "missing.yaml does not exist") {
 		t.Errorf("check of a missing named file = exit %d, %q", code, stderr)
 	}
 }
@@ -146,7 +153,8 @@ feeds:
 func TestMigrate(t *testing.T) {
 	schema := pgtest.Schema(t)
 	cfg := writeConfig(t, "database:\n  url: "+pgtest.URL()+"\n  schema: "+schema+"\n")
-	code, out, stderr := kairos(t, "migrate", "--print", "-c", cfg)
+	g := golden(t, "migrate", cfg, "<config>", pgtest.URL(), "<database>")
+	code, out, stderr := g.run("migrate", "--print", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "-- pgfeed") || !strings.Contains(out, "-- pgread") || !strings.Contains(out, `"`+schema+`"`) {
 		t.Fatalf("migrate --print = exit %d, stderr %q, output of %d bytes", code, stderr, len(out))
 	}
@@ -159,14 +167,14 @@ func TestMigrate(t *testing.T) {
 	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("--print touched the database: %d schemas named %s, %v", n, schema, err)
 	}
-	code, out, stderr = kairos(t, "migrate", "-c", cfg)
+	code, out, stderr = g.run("migrate", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "pgfeed: applied 1") || !strings.Contains(out, "pgread: applied 1, 2") {
 		t.Fatalf("migrate = exit %d, %q, %q", code, out, stderr)
 	}
 	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n); err != nil || n < 4 {
 		t.Fatalf("after migrate the schema has %d tables, %v", n, err)
 	}
-	code, out, _ = kairos(t, "migrate", "-c", cfg)
+	code, out, _ = g.run("migrate", "-c", cfg)
 	if code != exitOK || out != "pgfeed: up to date\npgread: up to date\n" {
 		t.Fatalf("a second migrate = exit %d, %q", code, out)
 	}
@@ -223,5 +231,86 @@ func TestExampleConfigChecks(t *testing.T) {
 	code, out, stderr := kairos(t, "config", "check", "-c", "../../examples/kairos.yaml")
 	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 8 sinks") {
 		t.Fatalf("examples/kairos.yaml = exit %d, %q, %q", code, out, stderr)
+	}
+}
+
+// version says what the build recorded, and a commit named at link time
+// stands in for one the go command could not record.
+func TestVersionOf(t *testing.T) {
+	const rev = "0123456789abcdef0123456789abcdef01234567"
+	devel := func(settings ...debug.BuildSetting) *debug.BuildInfo {
+		return &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/kairos-es/kairos", Version: "(devel)"}, Settings: settings}
+	}
+	for _, c := range []struct {
+		name   string
+		info   *debug.BuildInfo
+		ok     bool
+		linked string
+		want   string
+	}{
+		{"go install at a tag", &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v0.3.0"}}, true, "", "kairos v0.3.0 go1.26.8"},
+		{"go install at a commit", &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v0.0.0-20261201104200-0123456789ab"}}, true, "", "kairos v0.0.0-20261201104200-0123456789ab go1.26.8"},
+		{"a checkout", devel(debug.BuildSetting{Key: "vcs.revision", Value: rev}, debug.BuildSetting{Key: "vcs.modified", Value: "false"}), true, "", "kairos devel (0123456789ab) go1.26.8"},
+		{"a checkout with changes", devel(debug.BuildSetting{Key: "vcs.revision", Value: rev}, debug.BuildSetting{Key: "vcs.modified", Value: "true"}), true, "", "kairos devel (0123456789ab+dirty) go1.26.8"},
+		{"a worktree", devel(), true, "", "kairos devel (no commit recorded: see kairos version --help) go1.26.8"},
+		{"a worktree, commit linked in", devel(), true, rev, "kairos devel (0123456789ab) go1.26.8"},
+		{"recorded beats linked", devel(debug.BuildSetting{Key: "vcs.revision", Value: "fedcba9876543210"}), true, rev, "kairos devel (fedcba987654) go1.26.8"},
+		{"no build information", nil, false, "", "kairos (no build information)"},
+	} {
+		if got := versionOf(c.info, c.ok, c.linked); got != c.want {
+			t.Errorf("%s: version = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// The README's command list names every verb the command has, so the
+// reference cannot fall behind the command.
+func TestREADMEListsEveryVerb(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "## The `kairos` command")
+	_, block, ok2 := strings.Cut(after, "```sh\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("the README has no command list under its kairos command section")
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(block, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != "kairos" {
+			continue
+		}
+		var words []string
+		for _, f := range fields[1:] {
+			if strings.HasPrefix(f, "-") || strings.HasPrefix(f, "[") || strings.HasPrefix(f, "#") || strings.ToUpper(f) == f {
+				break
+			}
+			words = append(words, f)
+			listed[strings.Join(words, " ")] = true
+		}
+	}
+	var walk func(cmd *cobra.Command, path string)
+	n := 0
+	walk = func(cmd *cobra.Command, path string) {
+		for _, sub := range cmd.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			p := strings.TrimSpace(path + " " + sub.Name())
+			if sub.HasSubCommands() {
+				walk(sub, p)
+				continue
+			}
+			n++
+			if !listed[p] {
+				t.Errorf("the README's command list lacks kairos %s", p)
+			}
+		}
+	}
+	walk(newRoot(io.Discard, io.Discard), "")
+	if n < 10 {
+		t.Fatalf("walked %d verbs; the command tree was not read", n)
 	}
 }

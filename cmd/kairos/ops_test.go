@@ -12,6 +12,7 @@ import (
 
 func TestParkedListAndRetry(t *testing.T) {
 	cfg, st := migrated(t)
+	g := golden(t, "parked", cfg, "<config>")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if _, err := st.WriteCommitted(ctx, "orders", []feed.Change{feed.Put("a", []byte(`{}`)), feed.Put("b b", []byte(`{}`)), feed.Put("c", []byte(`{}`))}); err != nil {
@@ -30,31 +31,31 @@ func TestParkedListAndRetry(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	code, out, stderr := kairos(t, "parked", "list", "orders", "cache", "-c", cfg)
+	code, out, stderr := g.run("parked", "list", "orders", "cache", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "KEY") || !strings.Contains(out, "b b") || !strings.Contains(out, "too big") || !strings.Contains(out, "bad field") {
 		t.Fatalf("parked list = exit %d, %q, %q", code, out, stderr)
 	}
-	code, out, _ = kairos(t, "parked", "list", "orders", "cache", "-o", "json", "-c", cfg)
+	code, out, _ = g.run("parked", "list", "orders", "cache", "-o", "json", "-c", cfg)
 	var pv []parkedView
 	if err := json.Unmarshal([]byte(out), &pv); code != exitOK || err != nil || len(pv) != 2 || pv[0].Key != "b b" || pv[0].Seq != 2 {
 		t.Fatalf("parked list -o json = exit %d, %v, %q", code, err, out)
 	}
 	// One key parked, one not: the parked one is retried, the other reported.
-	code, out, stderr = kairos(t, "parked", "retry", "orders", "cache", "b b", "a", "-c", cfg)
+	code, out, stderr = g.run("parked", "retry", "orders", "cache", "b b", "a", "-c", cfg)
 	if code != exitFailure || !strings.Contains(out, `retried "b b"`) || !strings.Contains(out, `not parked for orders/cache: "a"`) || !strings.Contains(stderr, "1 of the keys given was not parked") {
 		t.Fatalf("parked retry = exit %d, %q, %q", code, out, stderr)
 	}
 	if head, err := st.Head(ctx, "orders"); err != nil || head != 4 {
 		t.Fatalf("after a retry the head is %d, %v; want the key restamped at 4", head, err)
 	}
-	if code, out, _ = kairos(t, "parked", "retry", "orders", "cache", "--all", "-c", cfg); code != exitOK || !strings.Contains(out, "1 retried, 0 not parked") {
+	if code, out, _ = g.run("parked", "retry", "orders", "cache", "--all", "-c", cfg); code != exitOK || !strings.Contains(out, "1 retried, 0 not parked") {
 		t.Fatalf("parked retry --all = exit %d, %q", code, out)
 	}
-	if code, out, _ = kairos(t, "parked", "list", "orders", "cache", "-c", cfg); code != exitOK || out != "nothing parked for orders/cache\n" {
+	if code, out, _ = g.run("parked", "list", "orders", "cache", "-c", cfg); code != exitOK || out != "nothing parked for orders/cache\n" {
 		t.Fatalf("parked list after retries = exit %d, %q", code, out)
 	}
 	for _, args := range [][]string{{"parked", "retry", "orders", "cache"}, {"parked", "retry", "orders", "cache", "k", "--all"}, {"parked", "list", "orders"}, {"parked", "list", "orders", "a b"}} {
-		if code, _, _ := kairos(t, append(args, "-c", cfg)...); code != exitUsage {
+		if code, _, _ := g.run(append(args, "-c", cfg)...); code != exitUsage {
 			t.Errorf("kairos %v = exit %d, want %d", args, code, exitUsage)
 		}
 	}
@@ -62,6 +63,7 @@ func TestParkedListAndRetry(t *testing.T) {
 
 func TestSinkRemoveRefusedWhileLeased(t *testing.T) {
 	cfg, st := migrated(t)
+	g := golden(t, "sink-remove", cfg, "<config>")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	id := feed.SinkID{Feed: "orders", Sink: "cache"}
@@ -69,26 +71,27 @@ func TestSinkRemoveRefusedWhileLeased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, _, stderr := kairos(t, "sink", "remove", "orders", "cache", "-c", cfg)
+	code, _, stderr := g.run("sink", "remove", "orders", "cache", "-c", cfg)
 	if code != exitLeased || !strings.Contains(stderr, string(l.Holder())) {
 		t.Fatalf("sink remove while leased = exit %d, %q; want %d naming the holder", code, stderr, exitLeased)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, stderr := kairos(t, "sink", "remove", "orders", "cache", "-c", cfg); code != exitOK || out != "removed orders/cache\n" {
+	if code, out, stderr := g.run("sink", "remove", "orders", "cache", "-c", cfg); code != exitOK || out != "removed orders/cache\n" {
 		t.Fatalf("sink remove = exit %d, %q, %q", code, out, stderr)
 	}
-	if code, _, stderr := kairos(t, "sink", "remove", "orders", "cache", "-c", cfg); code != exitFailure || !strings.Contains(stderr, "not registered") {
+	if code, _, stderr := g.run("sink", "remove", "orders", "cache", "-c", cfg); code != exitFailure || !strings.Contains(stderr, "not registered") {
 		t.Fatalf("a second sink remove = exit %d, %q", code, stderr)
 	}
 }
 
 func TestCollectSaysWhatHoldsBack(t *testing.T) {
 	cfg, st := migrated(t)
+	g := golden(t, "collect", cfg, "<config>")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if code, out, stderr := kairos(t, "collect", "orders", "-c", cfg); code != exitFailure || out != "" || !strings.Contains(stderr, "unknown feed") {
+	if code, out, stderr := g.run("collect", "orders", "-c", cfg); code != exitFailure || out != "" || !strings.Contains(stderr, "unknown feed") {
 		t.Fatalf("collect of an unknown feed = exit %d, %q, %q; want it refused before collecting", code, out, stderr)
 	}
 	if _, err := st.WriteCommitted(ctx, "orders", []feed.Change{feed.Put("a", []byte(`{}`)), feed.Put("b", []byte(`{}`))}); err != nil {
@@ -115,23 +118,23 @@ func TestCollectSaysWhatHoldsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	code, out, stderr := kairos(t, "collect", "orders", "-c", cfg)
+	code, out, stderr := g.run("collect", "orders", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "collected 0 tombstones") || !strings.Contains(out, "slow holds back tombstones above seq 2") {
 		t.Fatalf("collect = exit %d, %q, %q", code, out, stderr)
 	}
-	if err := removeAndCollect(ctx, t, cfg, "slow"); err != nil {
+	if err := removeAndCollect(ctx, t, g, cfg, "slow"); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // removeAndCollect drops sink and collects again: the tombstone it held
 // back goes.
-func removeAndCollect(ctx context.Context, t *testing.T, cfg string, sink string) error {
+func removeAndCollect(ctx context.Context, t *testing.T, g *transcript, cfg string, sink string) error {
 	t.Helper()
-	if code, _, stderr := kairos(t, "sink", "remove", "orders", sink, "-c", cfg); code != exitOK {
+	if code, _, stderr := g.run("sink", "remove", "orders", sink, "-c", cfg); code != exitOK {
 		t.Fatalf("sink remove = exit %d, %q", code, stderr)
 	}
-	code, out, stderr := kairos(t, "collect", "orders", "-c", cfg)
+	code, out, stderr := g.run("collect", "orders", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "collected 1 tombstone\n") || !strings.Contains(out, "fast holds back tombstones above seq 3") {
 		t.Fatalf("collect after removing %s = exit %d, %q, %q", sink, code, out, stderr)
 	}

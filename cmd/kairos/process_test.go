@@ -31,14 +31,14 @@ type daemonProc struct {
 	done chan error
 }
 
-func startDaemon(t *testing.T, cfg, addr string) *daemonProc {
+func startDaemon(t *testing.T, cfg, addr string, args ...string) *daemonProc {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &daemonProc{addr: addr, logs: &syncWriter{}, done: make(chan error, 1)}
-	d.cmd = exec.Command(self, "run", "-c", cfg)
+	d.cmd = exec.Command(self, append([]string{"run", "-c", cfg}, args...)...)
 	d.cmd.Env = append(os.Environ(), asDaemon+"=1", "KAIROS_TEST_HTTP_LISTEN="+addr)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	if err := d.cmd.Start(); err != nil {

@@ -95,7 +95,17 @@ func (c *cli) versionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the version of this build",
-		Args:  noArgs,
+		Long: `version prints the module's version (a tag, or devel for a build from a
+checkout), the commit it was built from, with +dirty when the tree had
+changes, and the Go release.
+
+The go command records the commit only when it finds a .git directory above
+the module, and not with -buildvcs=false: a build in a git worktree (where
+.git is a file) or from a source archive records none. Name it at link time
+then:
+
+  go build -ldflags "-X main.buildRevision=$(git rev-parse HEAD)" ./cmd/kairos`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintln(c.stdout, version())
 			return nil
@@ -103,11 +113,31 @@ func (c *cli) versionCmd() *cobra.Command {
 	}
 }
 
+// buildRevision is the commit a build came from, when the build sets it
+// (go build -ldflags "-X main.buildRevision=$(git rev-parse HEAD)"). The go
+// command records the revision itself only when it finds a .git directory
+// above the module and -buildvcs is not false: a build in a git worktree,
+// where .git is a file, or from a source archive records none, and this is
+// the way to name the commit then.
+var buildRevision string
+
 // version is the module's version and the commit it was built from, as far
 // as the build recorded them.
 func version() string {
 	info, ok := debug.ReadBuildInfo()
-	if !ok {
+	return versionOf(info, ok, buildRevision)
+}
+
+// versionOf formats what a build recorded: the module's version (a tag or
+// a pseudo-version when installed with go install …@version, devel when
+// built in a checkout), the commit (12 hex digits, +dirty when the tree
+// had changes) and the Go release. A commit set at link time stands in for
+// one the go command did not record.
+func versionOf(info *debug.BuildInfo, ok bool, linked string) string {
+	if !ok || info == nil {
+		if linked != "" {
+			return "kairos devel (" + short(linked) + ")"
+		}
 		return "kairos (no build information)"
 	}
 	v := info.Main.Version
@@ -125,12 +155,20 @@ func version() string {
 			}
 		}
 	}
+	if rev == "" {
+		rev = linked
+	}
 	out := "kairos " + v
-	if rev != "" {
-		out += " (" + rev[:min(12, len(rev))] + dirty + ")"
+	switch {
+	case rev != "":
+		out += " (" + short(rev) + dirty + ")"
+	case v == "devel":
+		out += " (no commit recorded: see kairos version --help)"
 	}
 	return out + " " + info.GoVersion
 }
+
+func short(rev string) string { return rev[:min(12, len(rev))] }
 
 func (c *cli) configCmd() *cobra.Command {
 	cmd := &cobra.Command{

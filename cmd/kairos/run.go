@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,12 +20,13 @@ import (
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/config"
+	"github.com/kairos-es/kairos/internal/metrics"
 	"github.com/kairos-es/kairos/pgfeed"
-	"github.com/kairos-es/kairos/syncer"
 )
 
 func (c *cli) runCmd() *cobra.Command {
-	return &cobra.Command{
+	var poll time.Duration
+	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the sync daemon: every feed of the configuration to every sink",
 		Long: `run starts one worker per sink of every feed in the configuration file, each
@@ -34,10 +39,20 @@ The HTTP listener (http.listen, default 127.0.0.1:9187) serves /healthz (the
 process runs), /readyz (every worker has taken its lease or been refused
 it), /metrics (Prometheus) and /v1/feeds, /v1/feeds/FEED (describe, as JSON).
 
+SIGHUP, or a change of the file's content (looked for every --config-poll),
+reloads the sinks: the file is checked in full first, and one with mistakes
+is logged and leaves every worker as it was. Then sinks removed from the file
+stop, new ones start, those whose section changed restart, and the others
+keep running under the lease they hold. A change to database, lease,
+http.listen or log.format is refused with a log line: those need a restart.
+
 SIGINT or SIGTERM stops the workers, each after its call in flight, releases
 their leases so another daemon takes over at once, and exits 0.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if poll < 0 {
+				return usagef("--config-poll is %v; want a positive interval, or 0 to reload on SIGHUP only", poll)
+			}
 			cfg, err := c.load()
 			if err != nil {
 				return err
@@ -45,13 +60,38 @@ their leases so another daemon takes over at once, and exits 0.`,
 			if len(cfg.Feeds) == 0 {
 				return usagef("%s has no feeds to run", c.configPath)
 			}
-			return daemon(cmd.Context(), cfg, newLogger(cfg.Log, c.stderr))
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer func() { signal.Stop(hup); close(hup) }()
+			reloads := make(chan struct{}, 1)
+			go func() {
+				for range hup {
+					select {
+					case reloads <- struct{}{}:
+					default: // one is already due
+					}
+				}
+			}()
+			level := new(slog.LevelVar)
+			return daemon(cmd.Context(), cfg, newLogger(cfg.Log, level, c.stderr), daemonOptions{
+				load: c.load, path: c.configPath, poll: poll, reloads: reloads, level: level,
+			})
 		},
 	}
+	cmd.Flags().DurationVar(&poll, "config-poll", defaultConfigPoll, "how often to look for a change of the configuration file's content, which reloads it (0: on SIGHUP only)")
+	return cmd
 }
 
-func newLogger(l config.Log, w io.Writer) *slog.Logger {
-	level := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}[l.Level]
+// defaultConfigPoll is how often kairos run reads its configuration file
+// to see whether it changed.
+const defaultConfigPoll = 2 * time.Second
+
+var logLevels = map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}
+
+// newLogger logs in the file's format at level, which it sets to the file's
+// level; a reload may change the level later, not the format.
+func newLogger(l config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
+	level.Set(logLevels[l.Level])
 	opts := &slog.HandlerOptions{Level: level}
 	if l.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
@@ -59,8 +99,23 @@ func newLogger(l config.Log, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// daemon runs every feed's workers until ctx ends.
-func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+// daemonOptions are how the daemon reloads its configuration.
+type daemonOptions struct {
+	// load reads and checks the file again.
+	load func() (*config.Config, error)
+	// path is the file, read every poll to see whether its content changed;
+	// poll 0 reads it only on a reload request.
+	path string
+	poll time.Duration
+	// reloads asks for a reload (SIGHUP).
+	reloads <-chan struct{}
+	// level is the log's level, which a reload may change.
+	level *slog.LevelVar
+}
+
+// daemon runs every feed's workers until ctx ends, reloading the sinks
+// when asked to or when the file changes.
+func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemonOptions) error {
 	pool, err := pgxpool.New(ctx, cfg.Database.URL)
 	if err != nil {
 		return fmt.Errorf("database.url: %w", redactErr(err, cfg.Database.URL))
@@ -83,54 +138,90 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	defer st.Close()
 
-	var built []builtSink
-	defer func() {
-		for _, b := range built {
-			b.close()
-		}
-	}()
-	var runners []*syncer.Runner
-	calls := newCallMetrics()
-	for _, f := range cfg.Feeds {
-		var targets []syncer.Target
-		for _, s := range f.Sinks {
-			id := feed.SinkID{Feed: feed.FeedName(f.Name), Sink: feed.SinkName(s.Name)}
-			b, err := builders[s.Type](ctx, s, id, log.With("feed", f.Name, "sink", s.Name))
-			if err != nil {
-				return err
-			}
-			built = append(built, b)
-			targets = append(targets, syncer.Target{ID: id, Sink: b.sink})
-			log.Info("sink ready", "feed", f.Name, "sink", s.Name, "type", s.Type)
-		}
-		r, err := syncer.NewRunner(st, targets, syncer.Options{BatchSize: f.Batch, BatchBytes: f.BatchBytes, PollInterval: f.PollInterval, Logger: log, Observer: calls})
-		if err != nil {
-			return fmt.Errorf("feeds.%s: %w", f.Name, err)
-		}
-		runners = append(runners, r)
-	}
-
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	calls := metrics.NewCalls()
+	sup := &supervisor{ctx: ctx, store: st, calls: calls, log: log, sinks: map[feed.SinkID]*supervised{}}
+	defer sup.wait()
+	// Listen before any worker starts, so an address in use stops the start
+	// with nothing sent; serve once they run, so /readyz never answers for
+	// an empty set.
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
 		return fmt.Errorf("http.listen: %w", err)
 	}
-	srv := &http.Server{Handler: handler(runners, calls, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
+	if err := sup.startAll(cfg); err != nil {
+		ln.Close()
+		return err
+	}
+	hash, _ := fileHash(do.path)
+	status := newReloadStatus(time.Now())
+	srv := &http.Server{Handler: handler(sup, calls, status, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("kairos running", "feeds", len(cfg.Feeds), "sinks", len(built), "http", ln.Addr().String(), "lease", leaseKind(cfg.Lease.Kind))
+	log.Info("kairos running", "feeds", len(cfg.Feeds), "sinks", sup.count(), "http", ln.Addr().String(), "lease", leaseKind(cfg.Lease.Kind))
 
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	var wg sync.WaitGroup
-	for _, r := range runners {
-		wg.Go(func() { _ = r.Run(ctx) })
+	var tick <-chan time.Time
+	if do.poll > 0 && do.path != "" {
+		t := time.NewTicker(do.poll)
+		defer t.Stop()
+		tick = t.C
 	}
+	reload := func(why string) {
+		next, err := do.load()
+		if err == nil {
+			if keys := fixed(cfg, next); len(keys) > 0 {
+				err = fmt.Errorf("%s changed, which a running daemon cannot apply; %w (the sinks keep running as they were)", strings.Join(keys, ", "), errRestartNeeded)
+			} else if len(next.Feeds) == 0 {
+				err = fmt.Errorf("%s has no feeds; the sinks keep running as they were (stop kairos run to stop them all)", do.path)
+			}
+		}
+		if err != nil {
+			status.record(time.Now(), err)
+			var ce config.Errors
+			if errors.As(err, &ce) {
+				for _, e := range ce {
+					log.Error("reload refused: the configuration has a mistake; the sinks keep running as they were", "trigger", why, "mistake", e.Error())
+				}
+				return
+			}
+			log.Error("reload refused", "trigger", why, "error", err)
+			return
+		}
+		if do.level != nil {
+			do.level.Set(logLevels[next.Log.Level])
+		}
+		res := sup.apply(next)
+		cfg = next
+		if len(res.failed) > 0 {
+			status.record(time.Now(), fmt.Errorf("%d %s could not be built: %w", len(res.failed), plural(len(res.failed), "sink", "sinks"), errors.Join(res.failed...)))
+		} else {
+			status.record(time.Now(), nil)
+		}
+		log.Info("reloaded", "trigger", why, "kept", res.kept, "added", res.added, "removed", res.removed, "restarted", res.restarted, "failed", len(res.failed), "sinks", sup.count())
+	}
+
 	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-		stop() // the listener failed: stop the workers too, rather than run unseen
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case serveErr = <-served:
+			break loop // the listener failed: stop the workers too, rather than run unseen
+		case <-do.reloads:
+			hash, _ = fileHash(do.path)
+			reload("SIGHUP")
+		case <-tick:
+			h, err := fileHash(do.path)
+			if err != nil || h == hash {
+				continue // unreadable for a moment (being replaced), or unchanged
+			}
+			hash = h
+			reload("file changed")
+		}
 	}
+	stop()
 	log.Info("kairos stopping: each worker ends its call in flight and releases its lease")
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -138,12 +229,25 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if serveErr == nil {
 		serveErr = <-served
 	}
-	wg.Wait()
+	sup.wait()
 	log.Info("kairos stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return fmt.Errorf("http: %w", serveErr)
 	}
 	return nil
+}
+
+// fileHash is a digest of the file's content. Polling the content, rather
+// than watching the directory for events (fsnotify), sees every way a file
+// gets replaced — written in place, renamed over, a Kubernetes ConfigMap's
+// symlink swapped — the same way, on every platform, with no dependency, at
+// the cost of reading a small file every poll.
+func fileHash(path string) ([sha256.Size]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return [sha256.Size]byte{}, err
+	}
+	return sha256.Sum256(b), nil
 }
 
 func leaseKind(k string) string {

@@ -12,6 +12,7 @@ import (
 
 func TestTrace(t *testing.T) {
 	cfg, st := migrated(t)
+	g := golden(t, "trace", cfg, "<config>")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	for _, k := range []feed.Key{"a", "b", "k"} {
@@ -36,7 +37,7 @@ func TestTrace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	code, out, stderr := kairos(t, "trace", "orders", "k", "-c", cfg)
+	code, out, stderr := g.run("trace", "orders", "k", "-c", cfg)
 	if code != exitOK {
 		t.Fatalf("trace = exit %d, %q", code, stderr)
 	}
@@ -45,18 +46,18 @@ func TestTrace(t *testing.T) {
 			t.Errorf("trace's table lacks %q:\n%s", want, out)
 		}
 	}
-	code, out, _ = kairos(t, "trace", "orders", "k", "-o", "json", "-c", cfg)
+	code, out, _ = g.run("trace", "orders", "k", "-o", "json", "-c", cfg)
 	var v traceView
 	if err := json.Unmarshal([]byte(out), &v); code != exitOK || err != nil || !v.Found || v.Seq != 3 || len(v.Sinks) != 3 || v.Sinks[2].State != "parked" {
 		t.Fatalf("trace -o json = exit %d, %v, %s", code, err, out)
 	}
-	if code, out, _ := kairos(t, "trace", "orders", "nope", "-c", cfg); code != exitOK || !strings.Contains(out, "has no row for key \"nope\"") || !strings.Contains(out, "absent") {
+	if code, out, _ := g.run("trace", "orders", "nope", "-c", cfg); code != exitOK || !strings.Contains(out, "has no row for key \"nope\"") || !strings.Contains(out, "absent") {
 		t.Fatalf("trace of an absent key = exit %d, %q", code, out)
 	}
-	if code, _, stderr := kairos(t, "trace", "nosuch", "k", "-c", cfg); code != exitFailure || !strings.Contains(stderr, "unknown feed") {
+	if code, _, stderr := g.run("trace", "nosuch", "k", "-c", cfg); code != exitFailure || !strings.Contains(stderr, "unknown feed") {
 		t.Fatalf("trace of an unknown feed = exit %d, %q", code, stderr)
 	}
-	if code, _, _ := kairos(t, "trace", "orders", "-c", cfg); code != exitUsage {
+	if code, _, _ := g.run("trace", "orders", "-c", cfg); code != exitUsage {
 		t.Fatalf("trace without a key = exit %d", code)
 	}
 }
