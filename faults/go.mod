@@ -6,7 +6,7 @@ replace github.com/kairos-es/kairos => ../
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
-	github.com/jackc/pgx/v5 v5.13.0
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/kairos-es/kairos v0.0.0-00010101000000-000000000000
 	github.com/rs/zerolog v1.33.0
 )
