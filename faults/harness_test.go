@@ -260,6 +260,10 @@ func (e *env) pool(addr string, mode pgx.QueryExecMode, maxConns int32) *pgxpool
 	}
 	if addr != "" {
 		u.Host = addr
+		// In clear, so that a toxic can read the protocol it cuts.
+		q := u.Query()
+		q.Set("sslmode", "disable")
+		u.RawQuery = q.Encode()
 	}
 	return pgtest.PoolWith(e.t, u.String(), func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.DefaultQueryExecMode = mode
@@ -676,7 +680,7 @@ func (m *i3Monitor) run() {
 		select {
 		case <-m.stop:
 			return
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 		if err := m.check(); err != "" {
 			m.mu.Lock()
