@@ -315,6 +315,7 @@ type callRec struct {
 	Records    []feed.Record
 	Start, End time.Time
 	Err        error
+	Rejected   int // records the sink refused (the worker parks them)
 	ended      bool
 }
 
@@ -420,19 +421,16 @@ func (s *recSink) begin(op, space string, recs []feed.Record) *callRec {
 	return c
 }
 
-func (s *recSink) end(c *callRec, err error) {
+func (s *recSink) end(c *callRec, rejected int, err error) {
 	s.spy.rec.mu.Lock()
-	c.End, c.Err, c.ended = time.Now(), err, true
+	c.End, c.Err, c.Rejected, c.ended = time.Now(), err, rejected, true
 	s.spy.rec.mu.Unlock()
 }
 
 func (s *recSink) Apply(ctx context.Context, recs []feed.Record) ([]feed.Rejection, error) {
 	c := s.begin("apply", "live", recs)
 	rej, err := s.inner.Apply(ctx, recs)
-	if err == nil && len(rej) > 0 {
-		err = fmt.Errorf("%d records rejected, first %s: %s", len(rej), rej[0].Key, rej[0].Reason)
-	}
-	s.end(c, err)
+	s.end(c, len(rej), err)
 	return rej, err
 }
 
@@ -440,7 +438,7 @@ func (s *recSink) OpenResync(ctx context.Context, gen feed.Generation) (feed.Res
 	space := fmt.Sprintf("target%d", s.targets.Add(1))
 	c := s.begin("open", space, nil)
 	t, err := s.inner.OpenResync(ctx, gen)
-	s.end(c, err)
+	s.end(c, 0, err)
 	if err != nil {
 		return nil, err
 	}
@@ -456,24 +454,21 @@ type recTarget struct {
 func (t *recTarget) Apply(ctx context.Context, recs []feed.Record) ([]feed.Rejection, error) {
 	c := t.sink.begin("target-apply", t.space, recs)
 	rej, err := t.inner.Apply(ctx, recs)
-	if err == nil && len(rej) > 0 {
-		err = fmt.Errorf("%d records rejected, first %s: %s", len(rej), rej[0].Key, rej[0].Reason)
-	}
-	t.sink.end(c, err)
+	t.sink.end(c, len(rej), err)
 	return rej, err
 }
 
 func (t *recTarget) Publish(ctx context.Context) error {
 	c := t.sink.begin("publish", t.space, nil)
 	err := t.inner.Publish(ctx)
-	t.sink.end(c, err)
+	t.sink.end(c, 0, err)
 	return err
 }
 
 func (t *recTarget) Abort(ctx context.Context) error {
 	c := t.sink.begin("abort", t.space, nil)
 	err := t.inner.Abort(ctx)
-	t.sink.end(c, err)
+	t.sink.end(c, 0, err)
 	return err
 }
 
