@@ -8,9 +8,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"net"
 	"io"
 	"log"
+	"net"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -26,10 +26,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
 	"github.com/kairos-es/kairos/pgfeed"
+	"github.com/kairos-es/kairos/sinks/kafka"
 	"github.com/kairos-es/kairos/sinks/mysql"
 	natssink "github.com/kairos-es/kairos/sinks/nats"
 	"github.com/kairos-es/kairos/sinks/pgtable"
@@ -281,13 +284,11 @@ var realSinks = []realSink{
 			}
 		},
 	},
-	{
-		name: "webhook",
-		// The receiver is this test's own HTTP server, started by open; its
-		// address is known only then, so the proxy is pointed at it there.
-		upstream: nil,
-		open:     nil,
-	},
+	// The webhook's receiver and Kafka's kfake cluster are started by the
+	// test itself, so their proxies are built with them (webhookSink,
+	// kafkaSink).
+	{name: "webhook"},
+	{name: "kafka"},
 }
 
 // universe is how many keys the fault-4 writers change.
@@ -374,6 +375,41 @@ func webhookSink(t *testing.T, e *env) (*proxy, feed.Sink, func() map[feed.Key]j
 	return p, s, rcv.docs
 }
 
+// kafkaSink starts a one-broker kfake cluster and a proxy in front of it,
+// and a Kafka sink whose every connection, to the bootstrap address or to the
+// broker the metadata advertises, goes through the proxy.
+func kafkaSink(t *testing.T, e *env) (*proxy, feed.Sink, func() map[feed.Key]json.RawMessage) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatalf("starting a kfake cluster: %v", err)
+	}
+	t.Cleanup(c.Close)
+	p := newProxy(t, c.ListenAddrs()[0])
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", p.addr)
+	}
+	s, err := kafka.New(e.ctx, kafka.Options{
+		Brokers: []string{p.addr}, Feed: e.feed, Topic: "orders", Create: true, Partitions: 3,
+		ClientOptions: []kgo.Opt{kgo.Dialer(dial)},
+	})
+	if err != nil {
+		t.Fatalf("kafka.New: %v", err)
+	}
+	return p, s, func() map[feed.Key]json.RawMessage {
+		r, err := kafka.NewReader(e.ctx, kafka.ReaderOptions{Brokers: c.ListenAddrs(), Topic: "orders"})
+		if err != nil {
+			t.Fatalf("kafka.NewReader: %v", err)
+		}
+		defer r.Close()
+		snap, err := r.Read(e.ctx)
+		if err != nil {
+			t.Fatalf("reading the topics: %v", err)
+		}
+		return snap.Docs
+	}
+}
+
 // faultCount counts the sink calls that failed, as the worker's Observer.
 type faultCount struct{ n atomic.Int64 }
 
@@ -416,10 +452,10 @@ var faultPhases = []struct {
 // call that reached the target is recorded with its records' keys and seqs,
 // its worker and its holder).
 //
-// Kafka is not among them: a Kafka client dials the bootstrap address once
-// and then the brokers' advertised addresses from the cluster's metadata,
-// which kfake sets to its own listeners, so a proxy in front of the
-// bootstrap address sees only the first request.
+// Kafka runs against kfake, franz-go's in-process cluster, with one broker.
+// A Kafka client dials the bootstrap address once and then the brokers'
+// advertised addresses, which kfake sets to its own listener, so the
+// sink's client is given a dialer that takes every connection to the proxy.
 func TestSinksThroughFaults(t *testing.T) {
 	t.Parallel()
 	for _, rs := range realSinks {
@@ -429,9 +465,12 @@ func TestSinksThroughFaults(t *testing.T) {
 			var p *proxy
 			var sink feed.Sink
 			var read func() map[feed.Key]json.RawMessage
-			if rs.name == "webhook" {
+			switch rs.name {
+			case "webhook":
 				p, sink, read = webhookSink(t, e)
-			} else {
+			case "kafka":
+				p, sink, read = kafkaSink(t, e)
+			default:
 				up := rs.upstream(t)
 				if c, err := net.DialTimeout("tcp", up, 2*time.Second); err != nil {
 					pgtest.Unavailable(t, rs.name+" at "+up, err)
