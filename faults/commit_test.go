@@ -27,6 +27,10 @@ import (
 //     must wait for that lease to lapse, by the database's clock, before a
 //     fresh take succeeds under a new holder: no holder repeats (I5), the
 //     unknown one never calls the sink, and the sink ends right.
+//   - advisory-take: the same for an advisory lease, whose holder is recorded
+//     on the lock's own session. The cut ends that session and frees the
+//     lock, so the next take may claim the row at once; the holder it
+//     replaces is still one the worker never used.
 func TestLostCommitReply(t *testing.T) {
 	t.Parallel()
 	t.Run("cursor-move", func(t *testing.T) {
@@ -105,49 +109,69 @@ func TestLostCommitReply(t *testing.T) {
 			lost, n, st.RecordsApplied, handovers, mon.checks.Load())
 	})
 
-	t.Run("lease-take", func(t *testing.T) {
-		t.Parallel()
-		e := newEnv(t)
-		e.seed(200)
-		load := e.writeLoad(200, 10*time.Millisecond)
-		mon := e.monitorI3("s")
-		mem := memfeed.NewSink(memfeed.SinkOptions{})
-		p := newProxy(t, upstreamHost(t))
-		store := e.store(e.pool(p.addr, pgx.QueryExecModeSimpleProtocol, 4), pgfeed.Options{Lease: rowLease})
+	for _, advisory := range []bool{false, true} {
+		name := "lease-take"
+		if advisory {
+			name = "advisory-take"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			lostTake(t, advisory)
+		})
+	}
+}
+
+// lostTake loses the answer to the worker's first lease take: a lease row's
+// COMMIT, or the INSERT that records an advisory holder (autocommitted on
+// the lock's own session, which the cut then ends, freeing the lock).
+func lostTake(t *testing.T, advisory bool) {
+	e := newEnv(t)
+	e.seed(200)
+	load := e.writeLoad(200, 10*time.Millisecond)
+	mon := e.monitorI3("s")
+	mem := memfeed.NewSink(memfeed.SinkOptions{})
+	p := newProxy(t, upstreamHost(t))
+	var store *pgfeed.Store
+	var cut *cutter
+	if advisory {
+		store = e.store(e.pool("", pgx.QueryExecModeCacheStatement, 4), pgfeed.Options{AdvisoryLock: e.pool(p.addr, pgx.QueryExecModeSimpleProtocol, 2)})
+		cut = p.loseReplies(pgInsertOneReply)
+	} else {
+		store = e.store(e.pool(p.addr, pgx.QueryExecModeSimpleProtocol, 4), pgfeed.Options{Lease: rowLease})
 		// The store's only transaction before the first lease is the take.
-		cut := p.loseReplies(pgCommitReply)
-		cut.left.Store(1)
-		start := time.Now()
-		e.startWorker("A", store, "s", mem, testOptions(), false)
-		e.caughtUp("s", 30*time.Second)
-		if cut.made.Load() != 1 {
-			t.Fatal("no take's answer was lost: the test proves nothing")
+		cut = p.loseReplies(pgCommitReply)
+	}
+	cut.left.Store(1)
+	start := time.Now()
+	e.startWorker("A", store, "s", mem, testOptions(), false)
+	e.caughtUp("s", 30*time.Second)
+	if cut.made.Load() != 1 {
+		t.Fatal("no take's answer was lost: the test proves nothing")
+	}
+	took := time.Since(start)
+	takes, _, _ := e.rec.snapshot()
+	known := map[string]bool{}
+	for _, tk := range takes {
+		known[string(tk.Holder)] = true
+	}
+	var ghost string
+	for _, r := range e.audit() {
+		if r.NewHolder != "" && !known[r.NewHolder] {
+			ghost = r.NewHolder
 		}
-		took := time.Since(start)
-		takes, _, _ := e.rec.snapshot()
-		known := map[string]bool{}
-		for _, tk := range takes {
-			known[string(tk.Holder)] = true
+	}
+	if ghost == "" {
+		t.Fatal("the audit has no take the worker did not learn of: the lost answer hid nothing")
+	}
+	if !advisory && took < rowLease.TTL {
+		t.Errorf("the worker caught up %v after its start; a lease it could not know of should have kept it out for a ttl (%v)", took, rowLease.TTL)
+	}
+	e.finalChecks("s", load, mem, 20*time.Second)
+	_, calls, _ := e.rec.snapshot()
+	for _, c := range calls {
+		if string(c.Holder) == ghost {
+			t.Fatalf("a sink call was made under the holder whose take's answer was lost")
 		}
-		var ghost string
-		for _, r := range e.audit() {
-			if r.NewHolder != "" && !known[r.NewHolder] {
-				ghost = r.NewHolder
-			}
-		}
-		if ghost == "" {
-			t.Fatal("the audit has no take the worker did not learn of: the lost answer hid nothing")
-		}
-		if took < rowLease.TTL {
-			t.Errorf("the worker caught up %v after its start; a lease it could not know of should have kept it out for a ttl (%v)", took, rowLease.TTL)
-		}
-		e.finalChecks("s", load, mem, 20*time.Second)
-		_, calls, _ := e.rec.snapshot()
-		for _, c := range calls {
-			if string(c.Holder) == ghost {
-				t.Fatalf("a sink call was made under the holder whose take's answer was lost")
-			}
-		}
-		t.Logf("lost take %s; first sync done %v after the start; %d I3 checks", ghost, took.Round(time.Millisecond), mon.checks.Load())
-	})
+	}
+	t.Logf("lost take %s; first sync done %v after the start; %d I3 checks", ghost, took.Round(time.Millisecond), mon.checks.Load())
 }

@@ -179,6 +179,11 @@ func pgCommitReply(b []byte) bool {
 	return bytes.Contains(b, []byte("C\x00\x00\x00\x0bCOMMIT\x00"))
 }
 
+// pgInsertOneReply recognises the CommandComplete of an INSERT of one row.
+func pgInsertOneReply(b []byte) bool {
+	return bytes.Contains(b, []byte("C\x00\x00\x00\x0fINSERT 0 1\x00"))
+}
+
 // pgRowDescription recognises the reply of a statement (simple protocol, so
 // every reply carries its RowDescription) whose result columns are named
 // cols, in that order.
