@@ -394,7 +394,10 @@ func kafkaSink(t *testing.T, e *env) (*proxy, feed.Sink, func() map[feed.Key]jso
 	}
 	s, err := kafka.New(e.ctx, kafka.Options{
 		Brokers: []string{p.addr}, Feed: e.feed, Topic: "orders", Create: true, Partitions: 3,
-		ClientOptions: []kgo.Opt{kgo.Dialer(dial)},
+		// franz-go retries a produce on its own until the record's delivery
+		// timeout; a short one makes a fault the sink cannot ride out a
+		// failed call, which the worker must retry, never park.
+		ClientOptions: []kgo.Opt{kgo.Dialer(dial), kgo.RecordDeliveryTimeout(time.Second)},
 	})
 	if err != nil {
 		t.Fatalf("kafka.New: %v", err)
@@ -446,7 +449,8 @@ var faultPhases = []struct {
 }
 
 // TestSinksThroughFaults is fault 4: each real sink sits behind the proxy
-// while a worker streams a few thousand changes with deletes into it, and
+// while a worker streams a few thousand changes with deletes into it (each
+// fault twice), and
 // the proxy resets connections, stops answering, stalls bodies, adds latency
 // spikes and times connections out, in turn. Every failed call is retried
 // (the observer counts them; none may be parked), nothing is lost (I1: the
@@ -498,13 +502,19 @@ func sinkFaults(t *testing.T, e *env, p *proxy, sink feed.Sink, read func() map[
 	mon := e.monitorI3("s")
 	e.startWorker("A", store, "s", sink, opts, false)
 
-	// The writer: 300 commits of 10 changes over universe keys, one change
-	// in five a delete.
-	written := make(chan struct{})
+	// The writer: commits of 10 changes over universe keys, one change in
+	// five a delete, every 10 ms until the faults are over (a few thousand
+	// changes), so that every fault meets calls under way.
+	stop, written := make(chan struct{}), make(chan struct{})
 	var changes atomic.Int64
 	go func() {
 		defer close(written)
-		for n := range 300 {
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
 			var cs []feed.Change
 			for j := range 10 {
 				i := (n*31 + j*17) % universe
@@ -523,24 +533,18 @@ func sinkFaults(t *testing.T, e *env, p *proxy, sink feed.Sink, read func() map[
 		}
 	}()
 
-	// The faults, in turn, until the writer is done and each ran once.
+	// The faults, each in turn, twice, with a healthy pause after each.
 	phasesRun := map[string]int{}
-	for i := 0; ; i++ {
+	time.Sleep(300 * time.Millisecond)
+	for i := range 2 * len(faultPhases) {
 		f := faultPhases[i%len(faultPhases)]
-		select {
-		case <-written:
-			if i >= len(faultPhases) {
-				goto healed
-			}
-		default:
-		}
 		p.toxic("fault", f.typ, f.stream, f.attrs)
 		time.Sleep(f.on)
 		p.remove("fault")
 		phasesRun[f.name]++
 		time.Sleep(300 * time.Millisecond)
 	}
-healed:
+	close(stop)
 	<-written
 	e.caughtUp("s", 60*time.Second)
 	want, _ := e.liveDocs()
