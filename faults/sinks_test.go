@@ -437,8 +437,9 @@ var faultPhases = []struct {
 	// Connections reset (RST) as soon as anything moves on them.
 	{"reset", "downstream", "reset_peer", map[string]any{"timeout": 0}, 300 * time.Millisecond},
 	// No answer at all: what the server says goes nowhere, the connection
-	// stays open.
-	{"no-answer", "downstream", "timeout", map[string]any{"timeout": 0}, 700 * time.Millisecond},
+	// stays open; longer than the workers' 1 s sink timeout, so every call
+	// that starts meanwhile fails, however hard its client retries.
+	{"no-answer", "downstream", "timeout", map[string]any{"timeout": 0}, 1500 * time.Millisecond},
 	// A stalled body: the answer trickles in small slices, far apart.
 	{"stalled-body", "downstream", "slicer", map[string]any{"average_size": 8, "size_variation": 4, "delay": 50_000}, 700 * time.Millisecond},
 	// Latency spikes, each way.
