@@ -188,6 +188,7 @@ func TestEveryBadSinkValue(t *testing.T) {
 		{"nats", "ack_timeout", "-1s", "ack_timeout"},
 		{"nats", "replicas", "6", "replicas"},
 		{"nats", "replicas", "-1", "replicas"},
+		{"nats", "creds_file", filepath.Join(dir, "absent.creds"), "creds_file"},
 
 		{"file", "path", "-", "path"},
 		{"file", "path", `""`, "path"},
