@@ -74,11 +74,16 @@ func (s section) yaml() string {
 	return b.String()
 }
 
+// parseSection parses a file with one sink, s, of feed orders.
+func parseSection(s section) (*config.Config, error) {
+	return config.Parse([]byte("database:\n  url: x\nfeeds:\n  orders:\n    sinks:\n      s:\n"+s.yaml()), config.ParseOptions{File: "kairos.yaml", SinkTypes: sinkTypes()})
+}
+
 // buildSection parses a file with one sink of the section and builds it,
 // returning the first error of either step.
 func buildSection(t *testing.T, s section) (builtSink, error) {
 	t.Helper()
-	cfg, err := config.Parse([]byte("database:\n  url: x\nfeeds:\n  orders:\n    sinks:\n      s:\n"+s.yaml()), config.ParseOptions{File: "kairos.yaml", SinkTypes: sinkTypes()})
+	cfg, err := parseSection(s)
 	if err != nil {
 		return builtSink{}, err
 	}
