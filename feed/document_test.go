@@ -3,13 +3,16 @@ package feed_test
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"math/big"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/jsonb"
 )
 
 func TestDocumentsRefused(t *testing.T) {
@@ -88,17 +91,24 @@ func TestDocumentsAccepted(t *testing.T) {
 	}
 }
 
-// FuzzValidateDocument holds the document rule to encoding/json's grammar:
-// whatever it accepts is JSON in valid UTF-8, and never JSON null; and JSON
-// that none of the rule's PostgreSQL limits can touch (no \u escape, no
-// exponent, too short for a number to leave numeric's range or to nest too
-// deep) is accepted. pgfeed's tests hold the rest of the rule to PostgreSQL
-// itself. The seeds run with every go test; go test -fuzz explores further.
+// FuzzValidateDocument holds the document rule to an independent reading of
+// it: encoding/json's grammar, UTF-8, not null, and pgRefuses for the limits
+// PostgreSQL's jsonb adds (none of the size limits can apply at the sizes a
+// fuzzer reaches); ValidateDocument accepts exactly what that allows, and
+// refuses the rest with an *InvalidError naming the field. An accepted
+// document also survives a round trip through encoding/json (decoded, with
+// numbers kept as written, and encoded again): the result is accepted, decodes
+// to the same value and takes the same bytes as jsonb, since jsonb keeps
+// neither whitespace, escapes nor key order. pgfeed's tests hold the rule to
+// PostgreSQL itself. The seeds run with every go test; go test -fuzz explores
+// further.
 func FuzzValidateDocument(f *testing.F) {
 	for _, s := range []string{
 		`{}`, `{"a":[1,2,{"b":"c"}]}`, `"\ud83d\ude00"`, `"\ud800"`, `1e131072`, `[1,]`, ` null `, "\"\xff\"",
 		`{"a":"x\u0000y"}`, `-0.0e-0`, `[[[[]]]]`, `{"k":"` + strings.Repeat("é", 40) + `"}`, `"abcdefgh\"ijklmnop"`,
 		"\"abcdefg\x7fhijklmno\"", `{"a" : true , "b":false}`,
+		`"\udc00"`, `"\ud800\ud800\udc00"`, `"\ud800x"`, `"\\u0000"`, `{"a":1,"a":"x"}`, `{"b":"x","a":0}`,
+		`0.0e-16383`, `1e-16384`, `0e1073741822`, `0e1073741823`, `[1e131071, 10e131071]`, `"\u2028<&>"`, `null`, `[null]`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -106,17 +116,122 @@ func FuzzValidateDocument(f *testing.F) {
 		err := feed.ValidateDocument("doc", doc)
 		isJSON := json.Valid(doc) && utf8.Valid(doc)
 		isNull := strings.TrimSpace(string(doc)) == "null"
-		if err == nil && (!isJSON || isNull) {
-			t.Fatalf("accepted %q, which is not JSON in UTF-8, or is null", doc)
+		if want := isJSON && !isNull && !pgRefuses(doc); (err == nil) != want {
+			t.Fatalf("ValidateDocument(%q) = %v; the rule says valid = %v", doc, err, want)
 		}
-		if err != nil && !errors.Is(err, feed.ErrInvalid) {
-			t.Fatalf("refused %q with %v, not an *InvalidError", doc, err)
+		if err != nil {
+			wantInvalid(t, err, "doc")
+			return
 		}
-		untouched := !bytes.Contains(doc, []byte(`\u`)) && !bytes.ContainsAny(doc, "eE") && len(doc) < 16_000
-		if err != nil && isJSON && !isNull && untouched {
-			t.Fatalf("refused %q, which is JSON that no limit of the rule applies to: %v", doc, err)
+		v, err := decodeNumbers(doc)
+		if err != nil {
+			t.Fatalf("accepted %q, which encoding/json cannot decode: %v", doc, err)
+		}
+		again, err := json.Marshal(v)
+		if err != nil {
+			t.Fatalf("accepted %q, which encoding/json cannot encode again: %v", doc, err)
+		}
+		if err := feed.ValidateDocument("doc", again); err != nil {
+			t.Fatalf("accepted %q but not its re-encoding %q: %v", doc, again, err)
+		}
+		if w, err := decodeNumbers(again); err != nil || !reflect.DeepEqual(v, w) {
+			t.Fatalf("%q re-encodes to %q, which decodes differently", doc, again)
+		}
+		if a, b := jsonb.Size(doc), jsonb.Size(again); a != b {
+			t.Fatalf("%q takes %d bytes as jsonb, its re-encoding %q %d", doc, a, again, b)
 		}
 	})
+}
+
+// decodeNumbers decodes doc with every number kept as written.
+func decodeNumbers(doc []byte) (any, error) {
+	d := json.NewDecoder(bytes.NewReader(doc))
+	d.UseNumber()
+	var v any
+	err := d.Decode(&v)
+	return v, err
+}
+
+// pgRefuses reports whether doc, valid JSON, breaks one of the limits the
+// document rule takes from PostgreSQL (see ValidateDocument): a \u0000
+// escape, a \u escape of a surrogate that is not half of a pair, or a number
+// outside numeric's range. It is written apart from the rule's checker, as
+// slowly and plainly as it can be, so that the fuzzer can hold one to the
+// other.
+func pgRefuses(doc []byte) bool {
+	inString, high := false, false // high: the last escape was a high surrogate
+	for i := 0; i < len(doc); i++ {
+		c := doc[i]
+		switch {
+		case !inString:
+			inString = c == '"'
+			continue
+		case c == '"':
+			inString = false
+		case c == '\\' && doc[i+1] == 'u':
+			u, _ := strconv.ParseUint(string(doc[i+2:i+6]), 16, 16)
+			i += 5
+			switch {
+			case u == 0:
+				return true
+			case u >= 0xd800 && u < 0xdc00:
+				if high {
+					return true
+				}
+				high = true
+				continue
+			case u >= 0xdc00 && u < 0xe000:
+				if !high {
+					return true
+				}
+				high = false
+				continue
+			}
+		case c == '\\':
+			i++
+		}
+		if high {
+			return true
+		}
+	}
+	d := json.NewDecoder(bytes.NewReader(doc))
+	d.UseNumber()
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return false
+		}
+		if n, ok := tok.(json.Number); ok && !inNumericRange(string(n)) {
+			return true
+		}
+	}
+}
+
+// inNumericRange: with its exponent applied, n's leading significant digit
+// is at most 131071 places before the decimal point and n has at most 16383
+// digits after it, and its exponent is under 2^30 - 1 either way (where
+// PostgreSQL stops reading one).
+func inNumericRange(n string) bool {
+	n = strings.TrimPrefix(n, "-")
+	mant, expText, _ := strings.Cut(strings.ToLower(n), "e")
+	exp := new(big.Int)
+	if expText != "" {
+		exp.SetString(strings.TrimPrefix(expText, "+"), 10)
+	}
+	if limit := big.NewInt(1<<30 - 1); new(big.Int).Abs(exp).Cmp(limit) >= 0 {
+		return false
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	scale := new(big.Int).Sub(big.NewInt(int64(len(frac))), exp)
+	if scale.Cmp(big.NewInt(16383)) > 0 {
+		return false
+	}
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if digits == "" {
+		return true // a zero: no leading digit
+	}
+	lead := big.NewInt(int64(len(intPart) - 1 - (len(intPart+frac) - len(digits))))
+	return lead.Add(lead, exp).Cmp(big.NewInt(131071)) <= 0
 }
 
 // BenchmarkPrepareChanges checks and compacts the 1000 changes of about 300

@@ -122,6 +122,12 @@ var builders = map[string]func(ctx context.Context, s config.Sink, id feed.SinkI
 		c := s.Options.(*natsConfig)
 		var nopts []nats.Option
 		if c.CredsFile != "" {
+			// The client reads the file only while it connects, and its
+			// error then names neither the key nor the section: read it
+			// here first.
+			if _, err := os.ReadFile(c.CredsFile); err != nil {
+				return builtSink{}, sinkErr(s, "creds_file", err)
+			}
 			nopts = append(nopts, nats.UserCredentials(c.CredsFile))
 		}
 		sink, err := knats.Connect(ctx, c.URL, knats.Options{Bucket: c.Bucket, Feed: string(id.Feed), Window: c.Window,

@@ -24,6 +24,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgschema"
 )
 
 // Config is the whole file, decoded and checked.
@@ -281,6 +282,16 @@ func (d *decoder) check(c *Config, types map[string]SinkType) {
 	case "debug", "info", "warn", "error":
 	default:
 		d.fail("log.level", at("log.level"), "%s", oneOf(c.Log.Level, "debug", "info", "warn", "error"))
+	}
+	// The store checks its names again when it opens; checking them here
+	// too places a mistake in the file, and lets config check find it.
+	// "generations" is the longest table name pgfeed puts after the prefix
+	// (pgread's, under its own prefix, are no longer).
+	if _, err := pgschema.ResolveNames(c.Database.Schema, c.Database.TablePrefix, "kairos", "feed_", "generations"); err != nil {
+		var inv *feed.InvalidError
+		if errors.As(err, &inv) {
+			d.fail("database."+inv.Field, at("database."+inv.Field), "%s", inv.Reason)
+		}
 	}
 	if c.Database.URL == "" && at("database.url") != nil && !d.failed("database.url") {
 		d.fail("database.url", at("database.url"), "is empty")

@@ -116,7 +116,8 @@
 // Neither ever appears in an error, a log line or a park reason: the URL is
 // shown without credentials and with its query values replaced, and any
 // text from elsewhere (a receiver's body, a transport error) has them cut
-// out, in one place (the redactor).
+// out, the credentials also in the base64 form of the Authorization header,
+// in one place (the redactor).
 //
 // # New
 //

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/url"
@@ -14,7 +15,7 @@ import (
 // from elsewhere (a receiver's answer, a transport error) has every such
 // secret cut out before it is shown.
 type redactor struct {
-	secrets []string // the URL's password, user name and query values
+	secrets []string // the URL's password, user name, basic-auth form and query values
 }
 
 // redacted replaces a secret wherever it appears.
@@ -33,9 +34,13 @@ func newRedactor(u *url.URL) redactor {
 	}
 	if u.User != nil {
 		add(u.User.Username())
-		if p, ok := u.User.Password(); ok {
+		p, ok := u.User.Password()
+		if ok {
 			add(p)
 		}
+		// The credentials as the Authorization header carries them, which
+		// a receiver may repeat in its answer as readily as the URL.
+		add(base64.StdEncoding.EncodeToString([]byte(u.User.Username() + ":" + p)))
 	}
 	for _, vs := range u.Query() {
 		for _, v := range vs {

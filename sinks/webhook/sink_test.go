@@ -426,6 +426,9 @@ func TestNoRedirect(t *testing.T) {
 // park reason and log line.
 func TestSecretsNeverEchoed(t *testing.T) {
 	const canary = "CANARY7f3a9"
+	// basic is the credentials as the Authorization header carries them,
+	// which a receiver may repeat as readily as the URL's token.
+	basic := base64.StdEncoding.EncodeToString([]byte("user:" + canary + "pw"))
 	rc := newReceiver(t)
 	srv, _ := rc.serve(t)
 	url := strings.Replace(srv.URL, "http://", "http://user:"+canary+"pw@", 1) + "/hook?token=" + canary + "tok&x=1"
@@ -446,7 +449,7 @@ func TestSecretsNeverEchoed(t *testing.T) {
 	for _, st := range []int{400, 503, 200} {
 		rc.setFault(func(w http.ResponseWriter) bool {
 			w.WriteHeader(st)
-			_, _ = w.Write([]byte("you sent " + canary + "pw and " + canary + "tok, " + canary + "tok again"))
+			_, _ = w.Write([]byte("you sent " + canary + "pw and " + canary + "tok, " + canary + "tok again, as Basic " + basic))
 			return true
 		})
 		check(s.Apply(t.Context(), batch))
@@ -469,7 +472,7 @@ func TestSecretsNeverEchoed(t *testing.T) {
 		t.Fatalf("only %d things said: %q", len(said), said)
 	}
 	for _, s := range said {
-		if strings.Contains(s, canary) {
+		if strings.Contains(s, canary) || strings.Contains(s, basic) {
 			t.Errorf("the canary leaked: %s", s)
 		}
 	}
