@@ -10,7 +10,7 @@
 //
 //	CREATE TABLE `orders` (
 //	  `key` VARBINARY(512) NOT NULL,
-//	  `seq` BIGINT NOT NULL,
+//	  `seq` BIGINT NOT NULL DEFAULT 0,
 //	  `doc` LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
 //	  PRIMARY KEY (`key`),
 //	  CHECK (`doc` IS NULL OR JSON_VALID(`doc`))
@@ -44,6 +44,22 @@
 // end with the higher seq's version. A batch is split into several such
 // statements only when it would pass max_allowed_packet or
 // MaxRowsPerStatement rows; each lands on its own.
+//
+// Floor: yes (feed.Sink's doc). A shadow table starts with no seqs, so a
+// stale call of the generation before could otherwise insert a key the
+// rebuild removed. A resync's first non-empty Apply sets the shadow's `seq`
+// default to its batch's lowest seq, before any row; the upsert reads it back
+// as DEFAULT(`seq`), from the very table the statement writes, and gives a
+// record below it a NULL doc: a key the table holds keeps its row (its stored
+// seq is higher), and a key it lacks gets only a tombstone row, which readers
+// skip and any record of the copy's generation replaces. A batch stays one
+// statement and costs no extra read. The default is part of the table's
+// definition: RENAME TABLE carries it to the live name, and it is not a row.
+// A table comment would move the same way, but it can be read only through
+// information_schema, a heavier lookup than a column's default. A table the sink creates has the default
+// 0, no floor, and New gives a hand-made table's `seq` that default when it
+// has none; a hand-made `seq` default above 0 would act as a floor, so leave
+// it at 0. A resync sent no record has no floor.
 //
 // Publish: atomic. OpenResync creates a shadow table LIKE the live one (with
 // its columns, indexes and constraints, but not its triggers) under a name of

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -31,9 +32,10 @@ const (
 	suffixRandLen = 8
 	// stmtRoom is what the statement text and packet headers of an upsert
 	// take besides its rows, and rowRoom what each row adds besides its key
-	// and document (its SELECT and placeholders, parameter types and length
-	// prefixes), both with room to spare: together they decide how a batch
-	// is split under max_allowed_packet.
+	// and document (its 41 bytes of text with the floor's test, in the
+	// prepare packet; its parameter types and length prefixes, in the
+	// execute packet), both with room to spare: together they decide how a
+	// batch is split under max_allowed_packet.
 	stmtRoom = 1024
 	rowRoom  = 64
 )
@@ -162,7 +164,7 @@ func (s *Sink) createTable(ctx context.Context) error {
 	}
 	_, err := s.db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+quote(s.opts.Table)+` (
   `+"`key`"+` VARBINARY(512) NOT NULL,
-  `+"`seq`"+` BIGINT NOT NULL,
+  `+"`seq`"+` BIGINT NOT NULL DEFAULT 0,
   `+"`doc`"+` LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
   PRIMARY KEY (`+"`key`"+`)`+check+`
 ) ENGINE=InnoDB`)
@@ -203,18 +205,26 @@ func (s *Sink) checkTable(ctx context.Context) error {
 		if len(pk) != 1 || pk[0] != "key" {
 			return fmt.Errorf("%w: the primary key of %s is (%s), want (key)", ErrTableShape, s.opts.Table, strings.Join(pk, ", "))
 		}
+		if !cols["seq"].hasDefault {
+			// The upsert reads the floor as seq's default (see upsert), which
+			// a table made by hand may lack: 0 is no floor.
+			if _, err := s.db.ExecContext(ctx, "ALTER TABLE "+quote(s.opts.Table)+" ALTER COLUMN `seq` SET DEFAULT 0"); err != nil {
+				return fmt.Errorf("mysql: giving %s.seq the default 0 (no floor): %w", s.opts.Table, err)
+			}
+		}
 		return nil
 	}
 }
 
 type column struct {
-	typ      string
-	nullable bool
+	typ        string
+	nullable   bool
+	hasDefault bool
 }
 
 // shape reads a table's columns and primary key; no columns: no table.
 func (s *Sink) shape(ctx context.Context, table string) (map[string]column, []string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT COLUMN_NAME, DATA_TYPE, IS_NULLABLE FROM information_schema.COLUMNS
+	rows, err := s.db.QueryContext(ctx, `SELECT COLUMN_NAME, DATA_TYPE, IS_NULLABLE, COLUMN_DEFAULT IS NOT NULL FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, table)
 	if err != nil {
 		return nil, nil, fmt.Errorf("mysql: reading the columns of %s: %w", table, err)
@@ -222,11 +232,12 @@ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, table)
 	cols := map[string]column{}
 	for rows.Next() {
 		var name, typ, nullable string
-		if err := rows.Scan(&name, &typ, &nullable); err != nil {
+		var hasDefault bool
+		if err := rows.Scan(&name, &typ, &nullable, &hasDefault); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("mysql: reading the columns of %s: %w", table, err)
 		}
-		cols[strings.ToLower(name)] = column{typ: strings.ToLower(typ), nullable: nullable == "YES"}
+		cols[strings.ToLower(name)] = column{typ: strings.ToLower(typ), nullable: nullable == "YES", hasDefault: hasDefault}
 	}
 	if err := rows.Close(); err != nil {
 		return nil, nil, fmt.Errorf("mysql: reading the columns of %s: %w", table, err)
@@ -351,6 +362,13 @@ func (s *Sink) apply(ctx context.Context, table string, records []feed.Record) (
 // table of placeholders, is worse: MariaDB types such a column as CHAR and
 // strips a key's trailing spaces, so "a " would overwrite "a"
 // (TestAwkwardKeysAndDocuments catches it).
+//
+// The floor is the table's default for seq (see the package doc), which
+// DEFAULT(`seq`) reads from the very table the statement writes: a row's doc
+// below it becomes NULL (`seq` there is the value the row sets just before),
+// so a stale record of a key the table lacks leaves only a tombstone, and
+// one of a key it holds changes nothing, every stored seq being at or above
+// the floor.
 func (s *Sink) upsert(ctx context.Context, table string, rows []feed.Record) error {
 	var b strings.Builder
 	b.Grow(200 + 8*len(rows))
@@ -360,7 +378,7 @@ func (s *Sink) upsert(ctx context.Context, table string, rows []feed.Record) err
 		if i > 0 {
 			b.WriteString(",")
 		}
-		b.WriteString("(?,?,?)")
+		b.WriteString("(?,?,IF(`seq` >= DEFAULT(`seq`),?,NULL))")
 		var d any
 		if r.Doc != nil {
 			d = []byte(r.Doc)
@@ -455,12 +473,26 @@ type resync struct {
 	s       *Sink
 	shadow  string
 	retired string
+	floored bool // the shadow's seq default holds its floor
 	done    bool // published or aborted
 }
 
 func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
 	if r.done {
 		return nil, errors.New("mysql: Apply on a resync that was published or aborted")
+	}
+	if !r.floored && len(records) > 0 {
+		// The first batch's lowest seq is the copy's floor, recorded before
+		// any row is written: the shadow was created LIKE the live table,
+		// with the live copy's floor, which is lower.
+		floor := records[0].Seq
+		for _, rec := range records {
+			floor = min(floor, rec.Seq)
+		}
+		if _, err := r.s.db.ExecContext(ctx, "ALTER TABLE "+quote(r.shadow)+" ALTER COLUMN `seq` SET DEFAULT "+strconv.FormatInt(int64(floor), 10)); err != nil {
+			return nil, fmt.Errorf("mysql: recording the floor of the shadow table %s: %w", r.shadow, err)
+		}
+		r.floored = true
 	}
 	return r.s.apply(ctx, r.shadow, records)
 }
