@@ -525,8 +525,6 @@ func TestBadInput(t *testing.T) {
 	if s, err := New(ctx, admin, Options{Table: ok}); err != nil {
 		t.Errorf("a table with a JSON doc and an extra column: %v", err)
 	} else if rej, err := s.Apply(ctx, []feed.Record{rec("a", 1, `{"v":1}`)}); err != nil || len(rej) != 0 {
-		// The upsert reads the floor as seq's default, which New gave this
-		// table's seq: it had none.
 		t.Errorf("Apply to a table made by hand: %v, %v", rej, err)
 	} else {
 		wantDocs(t, "a table made by hand", admin, ok, map[string]string{"a": `{"v":1}`})
