@@ -391,7 +391,7 @@ func (s *Sink) upsert(ctx context.Context, table string, rows []feed.Record) err
 		}
 		if attempt == floorRetries {
 			// Not wrapped: a refusal by the floor is no record's rejection.
-			return fmt.Errorf("the floor of %s kept moving while a batch was sent: %v", table, err)
+			return fmt.Errorf("mysql: the floor of %s kept moving while a batch was sent: %v", table, err)
 		}
 		f, err := s.readFloor(ctx, table)
 		if err != nil {
