@@ -197,6 +197,22 @@ type Lease interface {
 // call and the rival's may run at the same moment, so the comparison and the
 // write are one step on the target, never a read followed by a write. A sink
 // that cannot keep the guard says so in its package doc.
+//
+// A resync's copy starts with no stored seqs, so the guard alone would let a
+// stale call of the generation before, landing on the copy while it fills or
+// on the live copy after Publish, bring back a key the rebuild removed. A
+// sink that keeps the guard therefore also keeps a floor with each copy: the
+// lowest seq of the first non-empty batch the copy was sent. It ignores
+// every record below the floor (no rejection, no error), on the copy and,
+// once published, on the live copy; the floor is kept in the sink beside the
+// copy, not in one process, and moves with the copy when it is published. It
+// is sound because seqs are never reset (see Seq): the worker fills a copy
+// from the start of its generation in seq order and then only moves on, so
+// no record of the copy's generation is below its first batch, and every
+// record of an older generation is. A copy that was sent no record (its
+// generation's feed was empty) has no floor: a stale call landing after it
+// was published still adds its keys, as before the floor, until a record is
+// applied over them or the next resync.
 type Sink interface {
 	Apply(ctx context.Context, records []Record) ([]Rejection, error)
 	// OpenResync opens a fresh, empty copy of the sink for generation (1 or

@@ -182,6 +182,12 @@
 //     same keys, round after round, from Sink and a reopened sink, end with
 //     the newer version of every key whichever lands last; the older one's
 //     tombstones delete nothing.
+//   - StaleGenerationAfterPublish (likewise): the floor of feed.Sink's doc. A
+//     stale batch of the generation before (seqs below the copy's first),
+//     sent to a resync's copy while it fills and to the published copy after
+//     Publish, from Sink and a reopened sink, changes nothing: it neither
+//     brings back keys the copy lacks (deleted, or never sent) nor touches
+//     the keys it holds; the copy's own later records still land.
 //   - Rejection (when the harness has a RejectKey): a refused record comes
 //     back as a feed.Rejection with its key, seq and a reason, not an error,
 //     and the rest of the batch is applied, resyncs included.

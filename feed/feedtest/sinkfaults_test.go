@@ -51,6 +51,7 @@ var sinkFaults = map[string]string{ // fault → the subtest that must catch it
 	"crashLeaks":          "ResyncAfterCrash",
 	"forgetsTombstoneSeq": "ConditionalOnSeqAfterDelete",
 	"checkThenWrite":      "ConcurrentApply",
+	"noFloor":             "StaleGenerationAfterPublish",
 }
 
 // faultySink is one process's handle on a mapTarget; Reopen gives another
@@ -65,6 +66,7 @@ type faultySink struct {
 type mapTarget struct {
 	mu      sync.Mutex
 	live    map[feed.Key]entry
+	floor   feed.Seq // the live copy's: the floor of the copy published last
 	shadows map[feed.Generation]*shadow
 	down    bool
 	sent    map[feed.Key]feed.Seq // dedupeBeforeSend's memory of what it sent
@@ -72,6 +74,7 @@ type mapTarget struct {
 
 type shadow struct {
 	m       map[feed.Key]entry
+	floor   feed.Seq // set by the copy's first non-empty Apply
 	aborted bool
 }
 
@@ -162,8 +165,8 @@ func (s *faultySink) store(m map[feed.Key]entry, k feed.Key, seq feed.Seq, d jso
 	}
 }
 
-// apply applies records to m; s.t.mu is held.
-func (s *faultySink) apply(m map[feed.Key]entry, records []feed.Record) ([]feed.Rejection, error) {
+// apply applies records to m, ignoring those below floor; s.t.mu is held.
+func (s *faultySink) apply(m map[feed.Key]entry, floor feed.Seq, records []feed.Record) ([]feed.Rejection, error) {
 	if s.t.down {
 		if s.fault != "faultAsRejection" {
 			return nil, errDown
@@ -184,7 +187,7 @@ func (s *faultySink) apply(m map[feed.Key]entry, records []feed.Record) ([]feed.
 			rej = append(rej, *bad)
 			continue
 		}
-		if s.guardPasses(m, k, r.Seq) {
+		if (r.Seq >= floor || s.fault == "noFloor") && s.guardPasses(m, k, r.Seq) {
 			s.store(m, k, r.Seq, d)
 		}
 	}
@@ -207,7 +210,7 @@ func (s *faultySink) Apply(_ context.Context, records []feed.Record) ([]feed.Rej
 		}
 		records = fresh
 	}
-	return s.apply(s.t.live, records)
+	return s.apply(s.t.live, s.t.floor, records)
 }
 
 // checkThenWrite reads the stored seqs, then writes in a second step: the
@@ -224,7 +227,7 @@ func (s *faultySink) checkThenWrite(records []feed.Record) ([]feed.Rejection, er
 	for _, r := range records {
 		if r.Key == rejectKey || len(r.Doc) > maxDocument {
 			rej = append(rej, feed.Rejection{Key: r.Key, Seq: r.Seq, Reason: "refused"})
-		} else if s.guardPasses(s.t.live, r.Key, r.Seq) {
+		} else if r.Seq >= s.t.floor && s.guardPasses(s.t.live, r.Key, r.Seq) {
 			pass = append(pass, r)
 		}
 	}
@@ -281,7 +284,13 @@ func (r *faultyResync) Apply(ctx context.Context, records []feed.Record) ([]feed
 	}
 	r.s.t.mu.Lock()
 	defer r.s.t.mu.Unlock()
-	return r.s.apply(r.sh.m, records)
+	if r.sh.floor == 0 && len(records) > 0 && !r.s.t.down {
+		r.sh.floor = records[0].Seq
+		for _, rec := range records {
+			r.sh.floor = min(r.sh.floor, rec.Seq)
+		}
+	}
+	return r.s.apply(r.sh.m, r.sh.floor, records)
 }
 
 func (r *faultyResync) Publish(context.Context) error {
@@ -298,6 +307,7 @@ func (r *faultyResync) Publish(context.Context) error {
 	case "resyncInPlace":
 	case "publishMerges":
 		maps.Copy(t.live, r.sh.m)
+		t.floor = r.sh.floor
 	case "publishKeyByKey": // empties the live copy, then fills it key by key
 		t.live = map[feed.Key]entry{}
 		for k, e := range r.sh.m {
@@ -306,8 +316,9 @@ func (r *faultyResync) Publish(context.Context) error {
 			t.mu.Lock()
 			t.live[k] = e
 		}
+		t.floor = r.sh.floor
 	default:
-		t.live = r.sh.m
+		t.live, t.floor = r.sh.m, r.sh.floor
 	}
 	return nil
 }

@@ -96,6 +96,7 @@ func RunSink(t *testing.T, newSink func(t *testing.T) SinkHarness) {
 	run("ConditionalOnSeq", sinkConditional)
 	run("ConditionalOnSeqAfterDelete", sinkConditionalAfterDelete)
 	run("ConcurrentApply", sinkConcurrentApply)
+	run("StaleGenerationAfterPublish", sinkStaleGeneration)
 	run("Rejection", sinkRejection)
 	run("BadInput", sinkBadInput)
 }
@@ -714,4 +715,47 @@ func sinkConcurrentApply(t *testing.T, s *sinkEnv) {
 		}
 	}
 	s.want("after racing Apply calls", want)
+}
+
+func sinkStaleGeneration(t *testing.T, s *sinkEnv) {
+	if !s.h.ConditionalOnSeq {
+		t.Skip("the sink does not make writes conditional on seq")
+	}
+	// A worker of generation 1, in a process of its own, holds a call in
+	// flight while it loses its lease; a rival resyncs generation 2 and
+	// publishes it; the stale call lands last. Seqs are not reset by a
+	// rebuild, so all of it is below the new copy's first seq: the copy's
+	// floor must ignore it, for the keys the copy lacks (no stored seq stops
+	// those) as for the keys it holds.
+	stale := s.h.Sink
+	if s.h.Reopen != nil {
+		stale = s.h.Reopen(t)
+	}
+	s.apply("generation 1's live copy", rec("a", 1, `"a1"`), rec("b", 2, `"b1"`), rec("c", 3, `"c1"`), rec("d", 4, `"d1"`))
+	r := s.open(2)
+	s.applyTo("generation 2's first batch", r, rec("a", 10, `"a2"`), rec("b", 11, ""), rec("e", 12, `"e2"`))
+	// The stale worker's call aimed at the copy being filled (it resynced
+	// too, into the same copy) is ignored there as well.
+	staleBatch := []feed.Record{rec("c", 5, `"c stale"`), rec("a", 6, `"a stale"`), rec("b", 7, `"b stale"`), rec("e", 8, "")}
+	if rej, err := r.Apply(s.ctx, staleBatch); err != nil || len(rej) != 0 {
+		t.Fatalf("a stale batch sent to the resync target: Apply = %v, %v; want it ignored without rejection or error", rej, err)
+	}
+	s.applyTo("generation 2's second batch", r, rec("f", 13, `"f2"`))
+	if err := r.Publish(s.ctx); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	gen2 := map[string]string{"a": `"a2"`, "e": `"e2"`, "f": `"f2"`}
+	s.want("after publishing a copy sent a stale batch while it filled", gen2)
+	// The same stale call, landing after the publish, through the old
+	// worker's handle and through the rival's.
+	staleBatch = append(staleBatch, rec("d", 9, `"d stale"`))
+	for _, h := range []feed.Sink{stale, s.h.Sink} {
+		if rej, err := h.Apply(s.ctx, staleBatch); err != nil || len(rej) != 0 {
+			t.Fatalf("a stale batch of generation 1 after the publish: Apply = %v, %v; want it ignored without rejection or error", rej, err)
+		}
+		s.want("after a stale batch of generation 1 landed on the published copy", gen2)
+	}
+	// Generation 2's own records still land, at and above the floor.
+	s.apply("generation 2's next batch", rec("c", 14, `"c2"`), rec("f", 15, ""))
+	s.want("after generation 2's next batch", map[string]string{"a": `"a2"`, "c": `"c2"`, "e": `"e2"`})
 }

@@ -20,12 +20,15 @@ type SinkOptions struct {
 // with. It keeps feed.Sink's seq guard: it remembers the seq of each key
 // it has seen, deletions included, and ignores a record older than that, so even
 // a stale call from a worker that lost its lease cannot bring back an older
-// version. Resyncs fill a fresh map that Publish swaps in at once.
+// version. Resyncs fill a fresh map that Publish swaps in at once, with the
+// copy's floor (feed.Sink's doc), so a stale call of the generation before
+// cannot bring back a key the copy lacks.
 type Sink struct {
 	opts SinkOptions
 
 	mu         sync.Mutex
 	live       map[feed.Key]entry
+	floor      feed.Seq // the live copy's; 0 before the first resync
 	generation feed.Generation
 }
 
@@ -43,10 +46,11 @@ func NewSink(opts SinkOptions) *Sink {
 func (s *Sink) Apply(_ context.Context, records []feed.Record) ([]feed.Rejection, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.apply(s.live, records), nil
+	return s.apply(s.live, s.floor, records), nil
 }
 
-func (s *Sink) apply(m map[feed.Key]entry, records []feed.Record) []feed.Rejection {
+// apply applies records to m, ignoring those below floor.
+func (s *Sink) apply(m map[feed.Key]entry, floor feed.Seq, records []feed.Record) []feed.Rejection {
 	var rejected []feed.Rejection
 	for _, r := range records {
 		if s.opts.Reject != nil {
@@ -54,6 +58,9 @@ func (s *Sink) apply(m map[feed.Key]entry, records []feed.Record) []feed.Rejecti
 				rejected = append(rejected, feed.Rejection{Key: r.Key, Seq: r.Seq, Reason: reason})
 				continue
 			}
+		}
+		if r.Seq < floor {
+			continue // of a generation before the copy's
 		}
 		if old, ok := m[r.Key]; ok && old.seq > r.Seq {
 			continue // a newer version is already here
@@ -99,6 +106,7 @@ type resync struct {
 	generation feed.Generation
 	mu         sync.Mutex
 	m          map[feed.Key]entry // nil once published or aborted
+	floor      feed.Seq           // set by the first non-empty Apply
 }
 
 func (r *resync) Apply(_ context.Context, records []feed.Record) ([]feed.Rejection, error) {
@@ -107,7 +115,13 @@ func (r *resync) Apply(_ context.Context, records []feed.Record) ([]feed.Rejecti
 	if r.m == nil {
 		return nil, errTargetClosed
 	}
-	return r.s.apply(r.m, records), nil
+	if r.floor == 0 && len(records) > 0 {
+		r.floor = records[0].Seq
+		for _, rec := range records {
+			r.floor = min(r.floor, rec.Seq)
+		}
+	}
+	return r.s.apply(r.m, r.floor, records), nil
 }
 
 func (r *resync) Publish(context.Context) error {
@@ -117,7 +131,7 @@ func (r *resync) Publish(context.Context) error {
 		return errTargetClosed
 	}
 	r.s.mu.Lock()
-	r.s.live, r.s.generation = r.m, r.generation
+	r.s.live, r.s.floor, r.s.generation = r.m, r.floor, r.generation
 	r.s.mu.Unlock()
 	r.m = nil
 	return nil

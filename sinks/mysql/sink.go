@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 
 	gomysql "github.com/go-sql-driver/mysql"
 
@@ -36,6 +38,13 @@ const (
 	// is split under max_allowed_packet.
 	stmtRoom = 1024
 	rowRoom  = 64
+	// floorPrefix, followed by suffixRandLen hex digits, names the CHECK
+	// constraint that holds a resync copy's floor (see the package doc).
+	floorPrefix = "kairos_floor_"
+	// floorRetries bounds how often one statement is sent again after its
+	// table's floor refused it: more than once only when publishes follow
+	// each other while it is sent.
+	floorRetries = 4
 )
 
 // Sink mirrors a feed into one table of a MySQL or MariaDB database. The
@@ -47,6 +56,9 @@ type Sink struct {
 	packet   int // the bytes one statement may take
 	maxDoc   int // the largest document that fits a statement alone
 	retireRe *regexp.Regexp
+
+	mu     sync.Mutex
+	floors map[string]feed.Seq // by table name: the highest floor seen there
 }
 
 // New returns a sink over db (its connections' default database holds the
@@ -351,25 +363,140 @@ func (s *Sink) apply(ctx context.Context, table string, records []feed.Record) (
 // table of placeholders, is worse: MariaDB types such a column as CHAR and
 // strips a key's trailing spaces, so "a " would overwrite "a"
 // (TestAwkwardKeysAndDocuments catches it).
+//
+// Rows below the floor this sink knows for the table are left out. The
+// table's own floor constraint refuses any other below its floor, in the
+// statement itself, so a table published by another process since is never
+// written below its floor: the refusal makes the sink read that floor,
+// leave out what is below it and send the rest again. The floor is not
+// tested in each VALUES row instead because, on MariaDB 10.11, any
+// expression in the rows made a 500-row upsert about a third slower.
 func (s *Sink) upsert(ctx context.Context, table string, rows []feed.Record) error {
+	for attempt := 0; ; attempt++ {
+		if floor := s.floor(table); floor > 0 {
+			kept := make([]feed.Record, 0, len(rows))
+			for _, r := range rows {
+				if r.Seq >= floor {
+					kept = append(kept, r)
+				}
+			}
+			rows = kept
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		_, err := s.db.ExecContext(ctx, upsertSQL(table, len(rows)), upsertArgs(rows)...)
+		if err == nil || !floorRefusal(err) {
+			return err
+		}
+		if attempt == floorRetries {
+			// Not wrapped: a refusal by the floor is no record's rejection.
+			return fmt.Errorf("mysql: the floor of %s kept moving while a batch was sent: %v", table, err)
+		}
+		f, err := s.readFloor(ctx, table)
+		if err != nil {
+			return err
+		}
+		s.learnFloor(table, f)
+	}
+}
+
+// floor is the highest floor the sink has seen on table: a record below it
+// is of an older generation than the table's copy.
+func (s *Sink) floor(table string) feed.Seq {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.floors[table]
+}
+
+// learnFloor records f as a floor of table, unless a higher one is known:
+// floors only rise, generation after generation.
+func (s *Sink) learnFloor(table string, f feed.Seq) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.floors == nil {
+		s.floors = map[string]feed.Seq{}
+	}
+	s.floors[table] = max(s.floors[table], f)
+}
+
+// moveFloor forgets the floor known for a shadow table and, when it was
+// published as live, records it for live.
+func (s *Sink) moveFloor(shadow, live string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.floors[shadow]; ok && live != "" {
+		s.floors[live] = max(s.floors[live], f)
+	}
+	delete(s.floors, shadow)
+}
+
+// floorRefusal reports whether err is a table's floor constraint refusing a
+// row, which both servers name in the message.
+func floorRefusal(err error) bool {
+	var me *gomysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 4025 || me.Number == 3819) && strings.Contains(me.Message, floorPrefix)
+}
+
+// readFloor reads the floor the table's floor constraint holds, 0 when it
+// has none. The constraint names are random, and copied only by CREATE
+// TABLE … LIKE, which copies the clause too, so any constraint of that name
+// holds that table's floor.
+func (s *Sink) readFloor(ctx context.Context, table string) (feed.Seq, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT cc.CHECK_CLAUSE FROM information_schema.TABLE_CONSTRAINTS tc
+JOIN information_schema.CHECK_CONSTRAINTS cc ON cc.CONSTRAINT_SCHEMA = tc.CONSTRAINT_SCHEMA AND cc.CONSTRAINT_NAME = tc.CONSTRAINT_NAME
+WHERE tc.TABLE_SCHEMA = DATABASE() AND tc.TABLE_NAME = ? AND tc.CONSTRAINT_TYPE = 'CHECK' AND tc.CONSTRAINT_NAME LIKE ?`, table, `kairos\_floor\_%`)
+	if err != nil {
+		return 0, fmt.Errorf("mysql: reading the floor of %s: %w", table, err)
+	}
+	defer rows.Close()
+	var floor feed.Seq
+	for rows.Next() {
+		var clause string
+		if err := rows.Scan(&clause); err != nil {
+			return 0, fmt.Errorf("mysql: reading the floor of %s: %w", table, err)
+		}
+		// "`seq` >= 123" on MariaDB, "(`seq` >= 123)" on MySQL.
+		digits := strings.Trim(clause[strings.LastIndex(clause, ">=")+2:], " )")
+		n, err := strconv.ParseInt(digits, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("mysql: the floor constraint of %s reads %q, not `seq` >= a seq", table, clause)
+		}
+		floor = max(floor, feed.Seq(n))
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("mysql: reading the floor of %s: %w", table, err)
+	}
+	return floor, nil
+}
+
+// upsertSQL is the guarded multi-row upsert of n rows into table.
+func upsertSQL(table string, n int) string {
 	var b strings.Builder
-	b.Grow(200 + 8*len(rows))
+	b.Grow(200 + 8*n)
 	b.WriteString("INSERT INTO " + quote(table) + " (`key`, `seq`, `doc`) VALUES ")
-	args := make([]any, 0, 3*len(rows))
-	for i, r := range rows {
+	for i := range n {
 		if i > 0 {
 			b.WriteString(",")
 		}
 		b.WriteString("(?,?,?)")
+	}
+	b.WriteString(" ON DUPLICATE KEY UPDATE `doc` = IF(`seq` < VALUES(`seq`), VALUES(`doc`), `doc`), `seq` = IF(`seq` < VALUES(`seq`), VALUES(`seq`), `seq`)")
+	return b.String()
+}
+
+// upsertArgs are upsertSQL's arguments for rows: the key, seq and document
+// (nil for a tombstone) of each.
+func upsertArgs(rows []feed.Record) []any {
+	args := make([]any, 0, 3*len(rows))
+	for _, r := range rows {
 		var d any
 		if r.Doc != nil {
 			d = []byte(r.Doc)
 		}
 		args = append(args, []byte(r.Key), int64(r.Seq), d)
 	}
-	b.WriteString(" ON DUPLICATE KEY UPDATE `doc` = IF(`seq` < VALUES(`seq`), VALUES(`doc`), `doc`), `seq` = IF(`seq` < VALUES(`seq`), VALUES(`seq`), `seq`)")
-	_, err := s.db.ExecContext(ctx, b.String(), args...)
-	return err
+	return args
 }
 
 // recordLevel reports whether err refuses a row for its own sake, so that
@@ -455,6 +582,7 @@ type resync struct {
 	s       *Sink
 	shadow  string
 	retired string
+	floored bool // the shadow has its own floor constraint
 	done    bool // published or aborted
 }
 
@@ -462,7 +590,48 @@ func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	if r.done {
 		return nil, errors.New("mysql: Apply on a resync that was published or aborted")
 	}
+	if !r.floored && len(records) > 0 {
+		if err := r.setFloor(ctx, records); err != nil {
+			return nil, err
+		}
+	}
 	return r.s.apply(ctx, r.shadow, records)
+}
+
+// setFloor gives the shadow its floor, the lowest seq of its first batch,
+// before any row is written, in place of the live table's, which CREATE
+// TABLE … LIKE copied (a lower one, or none). The shadow is still empty, so
+// adding the constraint checks no row.
+func (r *resync) setFloor(ctx context.Context, records []feed.Record) error {
+	floor := records[0].Seq
+	for _, rec := range records {
+		floor = min(floor, rec.Seq)
+	}
+	rows, err := r.s.db.QueryContext(ctx, `SELECT CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND CONSTRAINT_TYPE = 'CHECK' AND CONSTRAINT_NAME LIKE ?`, r.shadow, `kairos\_floor\_%`)
+	if err != nil {
+		return fmt.Errorf("mysql: reading the constraints of the shadow table %s: %w", r.shadow, err)
+	}
+	var alter []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return fmt.Errorf("mysql: reading the constraints of the shadow table %s: %w", r.shadow, err)
+		}
+		alter = append(alter, "DROP CONSTRAINT "+quote(name))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("mysql: reading the constraints of the shadow table %s: %w", r.shadow, err)
+	}
+	alter = append(alter, "ADD CONSTRAINT "+quote(floorPrefix+randHex())+" CHECK (`seq` >= "+strconv.FormatInt(int64(floor), 10)+")")
+	if _, err := r.s.db.ExecContext(ctx, "ALTER TABLE "+quote(r.shadow)+" "+strings.Join(alter, ", ")); err != nil {
+		return fmt.Errorf("mysql: recording the floor of the shadow table %s: %w", r.shadow, err)
+	}
+	r.s.learnFloor(r.shadow, floor)
+	r.floored = true
+	return nil
 }
 
 // Publish swaps the shadow in with one RENAME TABLE, which both servers
@@ -478,6 +647,7 @@ func (r *resync) Publish(ctx context.Context) error {
 		return fmt.Errorf("mysql: publishing %s: %w", r.shadow, err)
 	}
 	r.done = true
+	r.s.moveFloor(r.shadow, r.s.opts.Table)
 	// The swap has happened: an error now would make the worker redo the
 	// whole resync for a copy nobody serves. Left behind, the retired copy
 	// is dropped by the next OpenResync.
@@ -494,6 +664,7 @@ func (r *resync) Abort(ctx context.Context) error {
 		return fmt.Errorf("mysql: dropping the shadow table %s: %w", r.shadow, err)
 	}
 	r.done = true
+	r.s.moveFloor(r.shadow, "")
 	return nil
 }
 

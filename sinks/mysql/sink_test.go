@@ -522,8 +522,12 @@ func TestBadInput(t *testing.T) {
 	if _, err := admin.Exec("CREATE TABLE `" + ok + "` (`key` VARBINARY(512) PRIMARY KEY, `seq` BIGINT NOT NULL, `doc` JSON, `extra` INT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(ctx, admin, Options{Table: ok}); err != nil {
+	if s, err := New(ctx, admin, Options{Table: ok}); err != nil {
 		t.Errorf("a table with a JSON doc and an extra column: %v", err)
+	} else if rej, err := s.Apply(ctx, []feed.Record{rec("a", 1, `{"v":1}`)}); err != nil || len(rej) != 0 {
+		t.Errorf("Apply to a table made by hand: %v, %v", rej, err)
+	} else {
+		wantDocs(t, "a table made by hand", admin, ok, map[string]string{"a": `{"v":1}`})
 	}
 	// A server that does not answer is an error of New, not a hang.
 	closed := "root@tcp(" + pgtest.ClosedPort(t) + ")/test?timeout=2s"

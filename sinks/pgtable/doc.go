@@ -14,6 +14,25 @@
 // nothing, and applying a batch again changes nothing. The sink keeps the
 // seq guard of feed.Sink's doc.
 //
+// # A resync's floor
+//
+// A resync's shadow table starts with no seqs, so the guard alone would let a
+// stale call of the generation before insert a key the rebuild removed, into
+// the shadow or, once published, into the live table. So the sink also keeps
+// the floor of feed.Sink's doc: a resync's first non-empty Apply records its
+// batch's lowest seq as the shadow's table comment ("kairos-pgtable floor
+// 1234") before it writes a row, and the upsert keeps only the records at or
+// above the floor of the table it writes, read from the catalog in the same
+// statement (a batch stays one statement; the lookup is one index probe a
+// statement). The comment belongs to the table, not to a row: readers never
+// see it, the publishing rename carries it under the live name, and DROP
+// takes it away with the table, leaving nothing to keep in step. A side table
+// of floors would have to be kept in step by every publish, abort and crash
+// cleanup, and keyed by table oid it could hand a dropped table's floor to a
+// new one. Any other comment reads as no floor: an operator's comment on the
+// live table replaces its floor until the next resync. A resync sent no
+// record has no floor, as feed.Sink's doc says.
+//
 // # Tombstones stay as rows
 //
 // A tombstone is written through the same guarded upsert as a document: it

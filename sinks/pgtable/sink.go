@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -37,6 +38,14 @@ const (
 	shadowInfix     = "_resync_"
 	oldInfix        = "_old_"
 	shadowSuffixLen = len(shadowInfix) + 8
+)
+
+// floorComment is the table comment that records a copy's floor (see the
+// package doc), the seq written after it in decimal; floorPattern reads it
+// back in SQL, anything else reading as no floor.
+const (
+	floorComment = "kairos-pgtable floor "
+	floorPattern = "^kairos-pgtable floor ([0-9]+)$"
 )
 
 // Sink mirrors a feed into one PostgreSQL table; the package doc states what it
@@ -101,8 +110,12 @@ func sqlType(t string) string {
 
 // upsertSQL is the one statement of every Apply into table: the batch as
 // arrays, whose text does not depend on the batch's size, upserted under the
-// seq guard. A tombstone is a row with a NULL document (see the package doc),
-// so puts and deletes go through the same guard in the same statement.
+// seq guard and the table's floor. A tombstone is a row with a NULL document
+// (see the package doc), so puts and deletes go through the same guard in the
+// same statement. The floor is read from the comment of the table the name
+// resolves to when the statement runs: the INSERT then holds a lock on that
+// same table, which a publish's rename waits for, so the floor read is always
+// the written table's.
 func (s *Sink) upsertSQL(table string) string {
 	o := s.o
 	cols := []string{quote(o.KeyColumn), quote(o.SeqColumn), quote(o.DocColumn)}
@@ -124,8 +137,9 @@ func (s *Sink) upsertSQL(table string) string {
 	for _, c := range cols[1:] {
 		set = append(set, c+" = excluded."+c)
 	}
-	return fmt.Sprintf(`INSERT INTO %s AS t (%s) SELECT %s FROM unnest(%s) AS u(%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE t.%s < excluded.%s`,
-		table, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(arrays, ", "), strings.Join(aliases, ", "),
+	floor := fmt.Sprintf(`coalesce((SELECT substring(obj_description(to_regclass('%s'), 'pg_class') FROM '%s')::bigint), 0)`, table, floorPattern)
+	return fmt.Sprintf(`INSERT INTO %s AS t (%s) SELECT %s FROM unnest(%s) AS u(%s) WHERE u.s >= %s ON CONFLICT (%s) DO UPDATE SET %s WHERE t.%s < excluded.%s`,
+		table, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(arrays, ", "), strings.Join(aliases, ", "), floor,
 		quote(o.KeyColumn), strings.Join(set, ", "), quote(o.SeqColumn), quote(o.SeqColumn))
 }
 
@@ -406,11 +420,12 @@ func shadowOf(table, name string) bool {
 // Resync is a shadow table being filled: the feed.ResyncTarget OpenResync
 // returns.
 type Resync struct {
-	s     *Sink
-	name  string // unquoted, in the sink's schema
-	table string // quoted and qualified
-	sql   string
-	done  bool
+	s       *Sink
+	name    string // unquoted, in the sink's schema
+	table   string // quoted and qualified
+	sql     string
+	floored bool // the shadow's comment holds its floor
+	done    bool
 }
 
 var _ feed.ResyncTarget = (*Resync)(nil)
@@ -423,6 +438,19 @@ func (r *Resync) Table() string { return r.table }
 func (r *Resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
 	if r.done {
 		return nil, fmt.Errorf("pgtable: resync of %s: Apply after Publish or Abort", r.s.table)
+	}
+	if !r.floored && len(records) > 0 {
+		// The first batch's lowest seq is the copy's floor. It is recorded
+		// before the batch is written, so no row of the copy is ever without
+		// it; a batch retried after this statement has the same seqs.
+		floor := records[0].Seq
+		for _, rec := range records {
+			floor = min(floor, rec.Seq)
+		}
+		if _, err := r.s.db.Exec(ctx, "COMMENT ON TABLE "+r.table+" IS '"+floorComment+strconv.FormatInt(int64(floor), 10)+"'"); err != nil {
+			return nil, fmt.Errorf("pgtable: recording the floor of the resync of %s: %w", r.s.table, err)
+		}
+		r.floored = true
 	}
 	return r.s.apply(ctx, r.table, r.sql, records)
 }

@@ -94,6 +94,14 @@
 //     that keeps each key's seq beside its document, tombstones included, and
 //     ignores a record older than the stored one keeps feed.Sink's guard.
 //     The sink's tests hold such a receiver to it.
+//   - Floor: the receiver's too. A resync's copy starts with no seqs, so a
+//     late apply delivery of the generation before (from a worker that lost
+//     its lease with the delivery in flight) would bring back a key the
+//     rebuild removed. A receiver that records, with each copy, the lowest
+//     seq of the first resync.apply with records it took for it, and
+//     ignores any record below that floor, on the copy and, after
+//     resync.publish, on the live copy, keeps feed.Sink's floor. The sink's
+//     tests hold their receiver to it too.
 //   - Publish: atomic where the receiver swaps its copy on resync.publish;
 //     the sink only delivers the signal.
 //   - At least once: a delivery may arrive more than once (a retry, a lease

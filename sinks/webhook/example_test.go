@@ -26,7 +26,7 @@ func ExampleNewHandler() {
 		defer mu.Unlock()
 		var rejected []webhook.Rejected
 		if d.Type != webhook.TypeApply {
-			return nil, nil // a resync's deliveries would fill a copy aside
+			return nil, nil // a resync's deliveries would fill a copy aside, with its floor
 		}
 		for _, r := range d.Records {
 			switch {

@@ -36,16 +36,18 @@ type write struct {
 }
 
 // receiver is the receiver model the package doc describes: a live copy
-// and one copy per open resync, each write guarded by seq, deliveries
-// deduplicated by webhook-id with their first answer remembered.
+// and one copy per open resync, each write guarded by seq and by its copy's
+// floor, deliveries deduplicated by webhook-id with their first answer
+// remembered.
 type receiver struct {
 	t         *testing.T
 	rejectKey feed.Key
 
 	mu      sync.Mutex
 	live    map[feed.Key]entry
+	floor   feed.Seq // the live copy's: the floor of the copy published last
 	gen     feed.Generation
-	shadows map[string]map[feed.Key]entry
+	shadows map[string]*shadow
 	answers map[string][]webhook.Rejected // by webhook-id
 	ids     map[string]int                // deliveries seen per id, repeats included
 	applied map[string]int                // deliveries applied per id
@@ -58,8 +60,14 @@ type receiver struct {
 	maxBody int64
 }
 
+// shadow is a resync's copy, filled aside until its resync.publish.
+type shadow struct {
+	m     map[feed.Key]entry
+	floor feed.Seq // the lowest seq of its first resync.apply with records
+}
+
 func newReceiver(t *testing.T) *receiver {
-	return &receiver{t: t, live: map[feed.Key]entry{}, shadows: map[string]map[feed.Key]entry{},
+	return &receiver{t: t, live: map[feed.Key]entry{}, shadows: map[string]*shadow{},
 		answers: map[string][]webhook.Rejected{}, ids: map[string]int{}, applied: map[string]int{}}
 }
 
@@ -108,23 +116,29 @@ func (rc *receiver) receive(_ context.Context, d webhook.Delivery) ([]webhook.Re
 	var rejs []webhook.Rejected
 	switch d.Type {
 	case webhook.TypeApply:
-		rejs = rc.apply(rc.live, d.Records, true)
+		rejs = rc.apply(rc.live, rc.floor, d.Records, true)
 	case webhook.TypeResyncBegin:
-		rc.shadows[d.Resync] = map[feed.Key]entry{}
+		rc.shadows[d.Resync] = &shadow{m: map[feed.Key]entry{}}
 	case webhook.TypeResyncApply:
-		m, ok := rc.shadows[d.Resync]
+		sh, ok := rc.shadows[d.Resync]
 		if !ok {
 			return nil, fmt.Errorf("no resync %s open", d.Resync)
 		}
-		rejs = rc.apply(m, d.Records, false)
+		if sh.floor == 0 && len(d.Records) > 0 {
+			sh.floor = d.Records[0].Seq
+			for _, r := range d.Records {
+				sh.floor = min(sh.floor, r.Seq)
+			}
+		}
+		rejs = rc.apply(sh.m, sh.floor, d.Records, false)
 	case webhook.TypeResyncPublish:
-		m, ok := rc.shadows[d.Resync]
+		sh, ok := rc.shadows[d.Resync]
 		if !ok {
 			return nil, fmt.Errorf("no resync %s open", d.Resync)
 		}
-		rc.live, rc.gen = m, d.Generation
+		rc.live, rc.floor, rc.gen = sh.m, sh.floor, d.Generation
 		delete(rc.shadows, d.Resync)
-		for k, e := range m {
+		for k, e := range sh.m {
 			rc.writes = append(rc.writes, write{k, e.seq})
 		}
 	case webhook.TypeResyncAbort:
@@ -138,15 +152,15 @@ func (rc *receiver) receive(_ context.Context, d webhook.Delivery) ([]webhook.Re
 }
 
 // apply is the seq guard: a record older than the key's stored seq,
-// tombstones included, changes nothing.
-func (rc *receiver) apply(m map[feed.Key]entry, recs []feed.Record, live bool) []webhook.Rejected {
+// tombstones included, or below the copy's floor, changes nothing.
+func (rc *receiver) apply(m map[feed.Key]entry, floor feed.Seq, recs []feed.Record, live bool) []webhook.Rejected {
 	var rejs []webhook.Rejected
 	for _, r := range recs {
 		if rc.rejectKey != "" && r.Key == rc.rejectKey {
 			rejs = append(rejs, webhook.Rejected{Key: r.Key, Reason: "this receiver refuses " + string(r.Key)})
 			continue
 		}
-		if old, ok := m[r.Key]; ok && old.seq > r.Seq {
+		if old, ok := m[r.Key]; (ok && old.seq > r.Seq) || r.Seq < floor {
 			continue
 		}
 		m[r.Key] = entry{seq: r.Seq, doc: append(json.RawMessage(nil), r.Doc...)}
