@@ -240,9 +240,10 @@ func rejectable(err error) bool {
 
 // produce writes records to the copy p names and waits for every
 // acknowledgement. A record below p's floor, of an older generation, is
-// dropped without being sent; one over MaxDocumentBytes is rejected. Kafka answers per partition's batch, not per record, so the records
-// of a batch the broker refused for its contents are produced again one at
-// a time, and only those it refuses alone are rejected.
+// dropped without being sent; one over MaxDocumentBytes is rejected. Kafka
+// answers per partition's batch, not per record, so the records of a batch
+// the broker refused for its contents are produced again one at a time,
+// and only those it refuses alone are rejected.
 func (s *Sink) produce(ctx context.Context, cl *kgo.Client, p pointer, records []feed.Record) ([]feed.Rejection, error) {
 	var gen []byte
 	if p.Generation > 0 {
