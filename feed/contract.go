@@ -204,8 +204,12 @@ type Lease interface {
 // sink that keeps the guard therefore also keeps a floor with each copy: the
 // lowest seq of the first non-empty batch the copy was sent. It ignores
 // every record below the floor (no rejection, no error), on the copy and,
-// once published, on the live copy; the floor is kept in the sink beside the
-// copy, not in one process, and moves with the copy when it is published. It
+// once published, on the live copy. From Publish on, the floor is kept in the
+// sink beside the live copy, not in one process, so every process's calls
+// meet it; before, a sink may hold it in its ResyncTarget alone when nothing
+// but that target ever writes the filling copy (a namespace, bucket or topic
+// of its own), and must keep it in the sink otherwise (a shadow table another
+// process's target may reopen). It
 // is sound because seqs are never reset (see Seq): the worker fills a copy
 // from the start of its generation in seq order and then only moves on, so
 // no record of the copy's generation is below its first batch, and every

@@ -33,6 +33,28 @@
 // that, from the start of the live copy, and the sink's tests hold it to
 // the guard: read through Reader, a stale call changes nothing.
 //
+// A resync's copy starts empty, so the per-key rule alone would let the
+// stale call of a worker of the generation before, landing after the
+// publish, bring back a key the new copy does not hold (one the rebuild
+// deleted). So each resync's copy has a floor: the lowest seq of the first
+// batch it was sent. Seqs are never reset, and the worker fills a copy from
+// the start of its generation in seq order and then only moves on, so every
+// record below the floor is of an older generation, and a consumer must
+// leave it out. The floor is in the pointer record, beside the copy's topic
+// and generation: the one record every consumer reads before the copy, and
+// the one the brokers never compact away (it is the pointer topic's last),
+// written in the same produce that publishes the copy, so a copy and its
+// floor are never read apart. A record of the copy itself would not do:
+// compaction may drop any record of a copy but each key's last, and the
+// floor would be one more key for consumers to skip. Until the publish the
+// resync holds the floor: it alone writes to its copy (a later OpenResync
+// deletes it), and no one reads a copy before its publish. The sink drops
+// the records below the floor of the copy it produces to, unsent (a stale
+// sink learns the new copy's floor when it follows the pointer), and Reader
+// leaves out those that land all the same (from a build without the floor,
+// or a request already on the wire). A resync that was sent nothing
+// publishes no floor (feed.Sink's doc says what that leaves).
+//
 // What Reader cannot undo is compaction. Compaction keeps each key's last
 // record by offset, not by seq, so once a stale record lands after a newer
 // one of its key and the log cleaner passes, the newer one is gone and
@@ -47,8 +69,9 @@
 // hex digits>, compacted, with the live copy's partition count, replication
 // factor and max.message.bytes. Publish produces one record to the pointer
 // topic, Options.Topic+"-live" (compacted, one partition, one key): a JSON
-// object {"topic": …, "generation": …} naming the new copy, and waits for
-// its acknowledgement; then it deletes the copy it replaced. Before any
+// object {"topic": …, "generation": …, "floor": …} naming the new copy and
+// its floor (left out when it has none), and waits for its
+// acknowledgement; then it deletes the copy it replaced. Before any
 // publish, the live copy is Options.Topic itself.
 //
 // Readers follow the pointer: Reader reads the pointer topic's last record,
@@ -62,8 +85,9 @@
 // Apply writes to the copy the pointer named when this Sink value last
 // read it, and checks the pointer topic's end offset beside each produce;
 // should another process have published since, the batch is produced
-// again into the new copy before Apply returns, so it never lands only in
-// a retired one.
+// again into the new copy (under its floor) before Apply returns, so it
+// never lands only in a retired one; a failure to produce into the
+// retired copy, which may be deleted already, is then no error.
 //
 // OpenResync first deletes every copy of the sink's the pointer does not
 // name (left by a resync that crashed or could not abort, or a retired copy

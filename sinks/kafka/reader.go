@@ -26,8 +26,9 @@ type ReaderOptions struct {
 
 // Reader builds a sink's live documents from its topics, the way every
 // consumer must (see the package doc, # Consumers): it follows the pointer
-// to the live copy, reads that copy from the start, and keeps for each key
-// the record with the highest kairos-seq header, a tombstone deleting it.
+// to the live copy, reads that copy from the start, leaves out the records
+// below the copy's floor, and keeps for each key the record with the
+// highest kairos-seq header, a tombstone deleting it.
 // It is safe for concurrent use.
 type Reader struct {
 	names      names
@@ -71,6 +72,9 @@ type Snapshot struct {
 	// Generation is the copy's generation; 0 for the first copy, which no
 	// resync made.
 	Generation feed.Generation
+	// Floor is the copy's floor, as the pointer names it: records below it
+	// were left out (0: none).
+	Floor feed.Seq
 	// Docs are the live documents by key.
 	Docs map[feed.Key]json.RawMessage
 	// Seqs are the seqs the documents and the deleted keys still in the
@@ -104,7 +108,7 @@ func (r *Reader) Read(ctx context.Context) (Snapshot, error) {
 }
 
 func (r *Reader) readCopy(ctx context.Context, adm *kadm.Client, p pointer) (Snapshot, error) {
-	snap := Snapshot{Topic: p.Topic, Generation: p.Generation, Docs: map[feed.Key]json.RawMessage{}, Seqs: map[feed.Key]feed.Seq{}}
+	snap := Snapshot{Topic: p.Topic, Generation: p.Generation, Floor: p.Floor, Docs: map[feed.Key]json.RawMessage{}, Seqs: map[feed.Key]feed.Seq{}}
 	starts, err := adm.ListStartOffsets(ctx, p.Topic)
 	if err == nil {
 		err = starts.Error()
@@ -129,6 +133,9 @@ func (r *Reader) readCopy(ctx context.Context, adm *kadm.Client, p pointer) (Sna
 		seq, err := recordSeq(rec)
 		if err != nil {
 			return err
+		}
+		if seq < p.Floor {
+			return nil // of an older generation: a stale call's
 		}
 		k := feed.Key(rec.Key)
 		if old, ok := snap.Seqs[k]; ok && old >= seq {

@@ -209,14 +209,20 @@ func (s *Sink) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejecti
 	wg.Go(func() { now, chkErr = s.refresh(ctx, cl) })
 	rej, err := s.produce(ctx, cl, live, records)
 	wg.Wait()
-	if err != nil {
-		return nil, err
-	}
 	if chkErr != nil {
+		if err != nil {
+			return nil, err
+		}
 		return nil, chkErr
 	}
 	if now.Topic != live.Topic {
+		// The copy produced to is retired, and may be deleted already:
+		// whatever became of the records there, none is read again. The
+		// new copy's floor drops those of an older generation.
 		return s.produce(ctx, cl, now, records)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return rej, nil
 }
@@ -233,10 +239,11 @@ func rejectable(err error) bool {
 }
 
 // produce writes records to the copy p names and waits for every
-// acknowledgement. A record over MaxDocumentBytes is rejected without being
-// sent. Kafka answers per partition's batch, not per record, so the records
-// of a batch the broker refused for its contents are produced again one at
-// a time, and only those it refuses alone are rejected.
+// acknowledgement. A record below p's floor, of an older generation, is
+// dropped without being sent; one over MaxDocumentBytes is rejected. Kafka
+// answers per partition's batch, not per record, so the records of a batch
+// the broker refused for its contents are produced again one at a time,
+// and only those it refuses alone are rejected.
 func (s *Sink) produce(ctx context.Context, cl *kgo.Client, p pointer, records []feed.Record) ([]feed.Rejection, error) {
 	var gen []byte
 	if p.Generation > 0 {
@@ -245,6 +252,9 @@ func (s *Sink) produce(ctx context.Context, cl *kgo.Client, p pointer, records [
 	var rejected []feed.Rejection
 	recs := make([]*kgo.Record, 0, len(records))
 	for _, r := range records {
+		if r.Seq < p.Floor {
+			continue // a no-op, like an older seq for readers
+		}
 		if len(r.Doc) > s.maxDoc {
 			rejected = append(rejected, feed.Rejection{Key: r.Key, Seq: r.Seq, Reason: fmt.Sprintf(
 				"the document is %d bytes, more than the %d topic %s's max.message.bytes leaves for one", len(r.Doc), s.maxDoc, p.Topic)})
@@ -366,6 +376,11 @@ type resync struct {
 	generation feed.Generation
 	mu         sync.Mutex
 	published  bool
+	// floor is the copy's floor, set by the first Apply that is sent
+	// records; Publish writes it into the pointer. Only this value ever
+	// writes to its copy before then (see # Consumers in the package doc),
+	// so it is kept here until the publish.
+	floor feed.Seq
 }
 
 func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
@@ -373,7 +388,16 @@ func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	if err != nil {
 		return nil, err
 	}
-	return r.s.produce(ctx, cl, pointer{Topic: r.topic, Generation: r.generation}, records)
+	r.mu.Lock()
+	if r.floor == 0 && len(records) > 0 {
+		r.floor = records[0].Seq
+		for _, rec := range records[1:] {
+			r.floor = min(r.floor, rec.Seq)
+		}
+	}
+	p := pointer{Topic: r.topic, Generation: r.generation, Floor: r.floor}
+	r.mu.Unlock()
+	return r.s.produce(ctx, cl, p, records)
 }
 
 // Publish produces the pointer record naming this copy and waits for its
@@ -387,7 +411,8 @@ func (r *resync) Publish(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	val, _ := json.Marshal(pointer{Topic: r.topic, Generation: r.generation})
+	p := pointer{Topic: r.topic, Generation: r.generation, Floor: r.floor}
+	val, _ := json.Marshal(p)
 	res := r.s.sync(ctx, cl, []*kgo.Record{{Topic: r.s.names.pointer, Key: []byte(r.s.names.base), Value: val}})
 	if err := res[0].Err; err != nil {
 		return fmt.Errorf("kafka: publishing %s through %s: %w", r.topic, r.s.names.pointer, err)
@@ -396,7 +421,8 @@ func (r *resync) Publish(ctx context.Context) error {
 	s := r.s
 	s.mu.Lock()
 	old := s.live.Topic
-	s.live = pointer{Topic: r.topic, Generation: r.generation, end: res[0].Record.Offset + 1}
+	p.end = res[0].Record.Offset + 1
+	s.live = p
 	s.mu.Unlock()
 	if old != r.topic {
 		_ = deleteTopics(ctx, kadm.NewClient(cl), old) // best effort, see above

@@ -223,6 +223,71 @@ func TestRecords(t *testing.T) {
 	}
 }
 
+// TestStaleGenerationInvisible: a stale call of generation 1 after
+// generation 2's copy was published is dropped by the sink, which learns
+// the copy's floor from the pointer; and a stale record that lands in the
+// copy all the same (produced by a build without the floor, or a request
+// already on the wire) is left out by Reader, which reads the floor from the
+// pointer record too.
+func TestStaleGenerationInvisible(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	base := b.topic(t)
+	opts := b.testOptions(base, &link{})
+	s := open(t, opts)
+	ctx := t.Context()
+	if rej, err := s.Apply(ctx, []feed.Record{rec("a", 1, `"a1"`), rec("b", 2, `"b1"`), rec("c", 3, `"c1"`)}); err != nil || len(rej) != 0 {
+		t.Fatalf("Apply: %v, %v", rej, err)
+	}
+	stale := open(t, opts) // the old worker, in another process
+	r, err := s.OpenResync(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rej, err := r.Apply(ctx, []feed.Record{rec("b", 11, `"b2"`), rec("a", 10, "")}); err != nil || len(rej) != 0 {
+		t.Fatalf("resync Apply: %v, %v", rej, err)
+	}
+	if err := r.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	live := s.Topic()
+	if rej, err := stale.Apply(ctx, []feed.Record{rec("c", 4, `"c stale"`), rec("a", 5, `"a stale"`), rec("d", 6, `"d stale"`)}); err != nil || len(rej) != 0 {
+		t.Fatalf("a stale Apply after the publish: %v, %v; want it dropped, no rejection, no error", rej, err)
+	}
+	if recs := rawRecords(t, b, live); len(recs) != 2 {
+		t.Errorf("after a stale Apply the copy holds %d records, want generation 2's 2: the sink sent records below the floor", len(recs))
+	}
+	// A stale record in the copy itself, as a plain producer writes it.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	late := &kgo.Record{Topic: live, Key: []byte("e"), Value: []byte(`"e stale"`), Headers: []kgo.RecordHeader{
+		{Key: HeaderFeed, Value: []byte("orders")}, {Key: HeaderSeq, Value: []byte("7")}}}
+	if err := cl.ProduceSync(ctx, late).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if recs := rawRecords(t, b, live); len(recs) != 3 {
+		t.Fatalf("the copy holds %d records after a plain produce, want 3", len(recs))
+	}
+	snap, err := b.reader(t, base).Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Floor != 10 || snap.Topic != live {
+		t.Errorf("Read: floor %d of %s; want 10, of %s", snap.Floor, snap.Topic, live)
+	}
+	if len(snap.Docs) != 1 || string(snap.Docs["b"]) != `"b2"` {
+		t.Errorf("through Reader after stale records of generation 1: %s; want b of generation 2 alone", snap.Docs)
+	}
+	// Generation 2's own records still land.
+	if rej, err := stale.Apply(ctx, []feed.Record{rec("c", 12, `"c2"`)}); err != nil || len(rej) != 0 {
+		t.Fatalf("Apply: %v, %v", rej, err)
+	}
+	wantDocs(t, b.reader(t, base), map[string]string{"b": `"b2"`, "c": `"c2"`})
+}
+
 // rawRecords consumes topic from the start to its end, as a plain consumer
 // would.
 func rawRecords(t *testing.T, b *broker, topic string) []*kgo.Record {

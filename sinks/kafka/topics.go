@@ -75,10 +75,12 @@ func (n names) copyName(g feed.Generation) string {
 func (n names) ours(topic string) bool { return topic == n.base || n.copyRe.MatchString(topic) }
 
 // pointer is what the pointer topic's last record says: which copy readers
-// read, and its generation (0 for the first copy, before any resync).
+// read, its generation (0 for the first copy, before any resync) and its
+// floor (0: none; see # Consumers in the package doc).
 type pointer struct {
 	Topic      string          `json:"topic"`
 	Generation feed.Generation `json:"generation"`
+	Floor      feed.Seq        `json:"floor,omitempty"`
 	// end is the pointer topic's end offset when this was read: a later
 	// read that finds the same end offset knows nothing was published.
 	end int64
@@ -252,6 +254,9 @@ func readPointer(ctx context.Context, clientOpts []kgo.Opt, adm *kadm.Client, n 
 	}, nil)
 	if err != nil {
 		return pointer{}, err
+	}
+	if p.Floor < 0 {
+		return pointer{}, fmt.Errorf("%w: the pointer topic %s names a floor of %d, which is not a seq", ErrTopicShape, n.pointer, p.Floor)
 	}
 	if !n.ours(p.Topic) {
 		return pointer{}, fmt.Errorf("%w: the pointer topic %s names %q, which is not one of the sink's copies of %s", ErrTopicShape, n.pointer, p.Topic, n.base)

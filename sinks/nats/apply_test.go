@@ -194,6 +194,47 @@ func TestPublishRemovesOldCopies(t *testing.T) {
 	}
 }
 
+// TestFloorOnPointer: Publish puts the copy's floor on the pointer's
+// message, its value still the bucket's name alone (what KV clients read),
+// and a sink started afterwards drops a stale call of the generation
+// before, for a key the copy lacks too.
+func TestFloorOnPointer(t *testing.T) {
+	t.Parallel()
+	f := setup(t, Options{})
+	applyOK(t, f.sink, rec("a", 1, `"a1"`), rec("b", 2, `"b1"`))
+	r, err := f.sink.OpenResync(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyOK(t, r, rec("b", 12, `"b2"`), rec("a", 10, ""))
+	if err := r.Publish(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := f.js.KeyValue(t.Context(), f.bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(t.Context(), PointerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.js.Stream(t.Context(), "KV_"+f.bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetLastMsgForSubject(t.Context(), "$KV."+f.bucket+"."+PointerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live, _ := f.reader.Bucket(t.Context()); string(e.Value()) != live || !f.sink.copyRe.MatchString(live) || m.Header.Get(HeaderFloor) != "10" {
+		t.Fatalf("the pointer = %q with %s %q; want the copy's name %q alone, and floor 10", e.Value(), HeaderFloor, m.Header.Get(HeaderFloor), live)
+	}
+	late := openSink(t, connect(t, nil), Options{Bucket: f.bucket})
+	applyOK(t, late, rec("c", 3, `"c1"`), rec("a", 4, `"a1"`), rec("b", 5, ""))
+	applyOK(t, late, rec("d", 13, `"d2"`)) // the copy's own still land
+	f.want(t, "after a stale call of generation 1", map[string]string{"b": `"b2"`, "d": `"d2"`})
+}
+
 // TestStalePublishLoses: a worker whose rival published meanwhile cannot
 // point the readers back at its own copy.
 func TestStalePublishLoses(t *testing.T) {

@@ -13,8 +13,10 @@
 //
 // Options.Bucket ("orders") is a small KV bucket holding one key,
 // PointerKey, whose value names the bucket of the live copy:
-// orders-g<generation>-<8 hex digits>. New makes the first copy (generation
-// 0) when there is no pointer yet; each resync makes a copy of its own.
+// orders-g<generation>-<8 hex digits>, and whose message carries that
+// copy's floor in the header HeaderFloor (see # Guarantees). New makes the
+// first copy (generation 0) when there is no pointer yet; each resync makes
+// a copy of its own.
 //
 // A copy is a JetStream KV bucket (a stream KV_<name> over the subjects
 // $KV.<name>.>, history 1), not a plain stream with MaxMsgsPerSubject 1 of
@@ -71,6 +73,26 @@
 // is one conditional publish; a key it has no hint for costs a refused
 // publish, a read and a second publish. A hint at or above a record's seq
 // drops the record without a round trip: feed seqs on a key only rise.
+//
+// Floor: a resync's copy starts with no messages, so the guard alone would
+// let the stale call of a worker of the generation before, landing after
+// the publish (its Apply reads the pointer, which names the new copy),
+// write a key the new copy does not hold, one the rebuild deleted. So each
+// resync's copy keeps a floor: the lowest seq of the first batch it was
+// sent. Records below it are of an older generation (seqs are never reset,
+// and the worker fills a copy from the start of its generation in seq
+// order, then only moves on) and are dropped unsent, a no-op rather than a
+// rejection, on the resync's copy and, once published, on the live one.
+// Until the publish the resync holds the floor: it alone writes to its copy
+// (every other sink writes to the live one, and a later OpenResync removes
+// the copy), and a copy a crash left is never published. Publish writes the
+// floor into the pointer's message, as HeaderFloor, in the same conditional
+// update that names the copy, so the floor is durable from the instant the
+// copy is live and every process reads it with the pointer, in the read
+// each Apply already makes: a stale worker in another process is held to
+// it as well. The pointer's value stays the bucket's name alone, so KV
+// clients read it as before. A resync that was sent nothing publishes no
+// floor (feed.Sink's doc says what that leaves).
 //
 // Retries: every message has Nats-Msg-Id <seq>-<hash of feed and key>, so a
 // retry of a publish the server stored but whose ack was lost is dropped by

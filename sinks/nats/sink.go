@@ -30,6 +30,10 @@ const (
 	// HeaderSeq holds the record's feed seq, in decimal: what the seq guard
 	// compares.
 	HeaderSeq = "Kairos-Seq"
+	// HeaderFloor is on the pointer's message, not on records: the floor of
+	// the copy the pointer names, in decimal (absent: none). The sink
+	// ignores records below it; see # Guarantees in the package doc.
+	HeaderFloor = "Kairos-Floor"
 )
 
 // PointerKey is the key, in the Options.Bucket bucket, whose value is the
@@ -51,13 +55,17 @@ const (
 // Sink mirrors a feed into JetStream key-value buckets. The package doc says
 // what it guarantees. It is safe for concurrent use.
 type Sink struct {
-	nc     *nats.Conn
-	own    bool
-	js     jetstream.JetStream
-	opts   Options
-	ptr    jetstream.KeyValue
-	maxDoc int
-	copyRe *regexp.Regexp
+	nc   *nats.Conn
+	own  bool
+	js   jetstream.JetStream
+	opts Options
+	ptr  jetstream.KeyValue
+	// ptrStream is ptr's stream, read directly so that the pointer's
+	// headers (its floor) come with its value.
+	ptrStream  jetstream.Stream
+	ptrSubject string // $KV.<Bucket>.<PointerKey>
+	maxDoc     int
+	copyRe     *regexp.Regexp
 
 	mu   sync.Mutex
 	live *copyState // the copy the pointer named at the last Apply
@@ -65,8 +73,12 @@ type Sink struct {
 
 // copyState is one bucket the sink writes to: the live copy or a resync's.
 type copyState struct {
-	name   string
-	gen    feed.Generation
+	name string
+	gen  feed.Generation
+	// floor is the live copy's floor, read with the pointer (a copy's
+	// floor never changes once it is live); a resync's copy keeps its own
+	// in the resync until Publish.
+	floor  feed.Seq
 	stream jetstream.Stream
 	prefix string // "$KV.<name>."
 	hints  *hints
@@ -179,6 +191,10 @@ func newSink(ctx context.Context, nc *nats.Conn, own bool, opts Options) (*Sink,
 	if err != nil {
 		return nil, fmt.Errorf("nats: the pointer bucket %s: %w", opts.Bucket, err)
 	}
+	if s.ptrStream, err = js.Stream(ctx, "KV_"+opts.Bucket); err != nil {
+		return nil, fmt.Errorf("nats: the pointer bucket %s's stream: %w", opts.Bucket, err)
+	}
+	s.ptrSubject = "$KV." + opts.Bucket + "." + PointerKey
 	if _, err := s.liveCopy(ctx); err != nil {
 		return nil, err
 	}
@@ -238,11 +254,11 @@ func msgID(feedName string, key feed.Key, seq feed.Seq) string {
 	return fmt.Sprintf("%019d-%s", seq, hex.EncodeToString(h.Sum(sum[:0])[:16]))
 }
 
-// liveCopy reads the pointer and returns the copy it names, making the
-// first one when there is no pointer yet.
+// liveCopy reads the pointer and returns the copy it names, with its floor,
+// making the first one when there is no pointer yet.
 func (s *Sink) liveCopy(ctx context.Context) (*copyState, error) {
 	for attempt := 0; ; attempt++ {
-		e, err := s.ptr.Get(ctx, PointerKey)
+		name, floor, err := s.readPointer(ctx)
 		if errors.Is(err, jetstream.ErrKeyNotFound) && attempt < 3 {
 			if err := s.first(ctx); err != nil {
 				return nil, err
@@ -252,7 +268,6 @@ func (s *Sink) liveCopy(ctx context.Context) (*copyState, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nats: reading the pointer %s.%s: %w", s.opts.Bucket, PointerKey, err)
 		}
-		name := string(e.Value())
 		s.mu.Lock()
 		c := s.live
 		s.mu.Unlock()
@@ -263,6 +278,7 @@ func (s *Sink) liveCopy(ctx context.Context) (*copyState, error) {
 		if err != nil {
 			return nil, err
 		}
+		c.floor = floor
 		s.mu.Lock()
 		if s.live == nil || s.live.name != name {
 			s.live = c
@@ -272,6 +288,31 @@ func (s *Sink) liveCopy(ctx context.Context) (*copyState, error) {
 		s.mu.Unlock()
 		return c, nil
 	}
+}
+
+// readPointer reads the pointer's last message: the live copy's name (its
+// value, as any KV client reads it) and its floor (HeaderFloor), in one
+// read. It is ErrKeyNotFound when there is no pointer.
+func (s *Sink) readPointer(ctx context.Context) (string, feed.Seq, error) {
+	m, err := s.ptrStream.GetLastMsgForSubject(ctx, s.ptrSubject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", 0, jetstream.ErrKeyNotFound
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	if op := m.Header.Get(kvOperation); op != "" {
+		return "", 0, jetstream.ErrKeyNotFound // deleted or purged by hand
+	}
+	var floor feed.Seq
+	if v := m.Header.Get(HeaderFloor); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return "", 0, fmt.Errorf("its %s header %q is not a seq", HeaderFloor, v)
+		}
+		floor = feed.Seq(n)
+	}
+	return string(m.Data), floor, nil
 }
 
 // first makes an empty copy of generation 0 and points to it, unless a
@@ -328,7 +369,7 @@ func (s *Sink) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejecti
 	if err != nil {
 		return nil, err
 	}
-	return s.apply(ctx, c, records)
+	return s.apply(ctx, c, c.floor, records)
 }
 
 // todo is one record still to be written in an apply round, with the stream
@@ -343,16 +384,20 @@ type inflight struct {
 	fut jetstream.PubAckFuture
 }
 
-// apply writes records to copy c. Each round publishes every record still
-// to be written, at most Window awaiting their acks at once, each
-// conditional on the subject's last stream sequence; the records whose
-// condition failed (someone wrote the key meanwhile, or the sink had no
-// hint) are re-read and either dropped (the stored seq is as new) or
-// published again in the next round.
-func (s *Sink) apply(ctx context.Context, c *copyState, records []feed.Record) ([]feed.Rejection, error) {
+// apply writes records to copy c, whose floor is floor. Records below the
+// floor, of an older generation, are dropped unsent. Each round publishes
+// every record still to be written, at most Window awaiting their acks at
+// once, each conditional on the subject's last stream sequence; the
+// records whose condition failed (someone wrote the key meanwhile, or the
+// sink had no hint) are re-read and either dropped (the stored seq is as
+// new) or published again in the next round.
+func (s *Sink) apply(ctx context.Context, c *copyState, floor feed.Seq, records []feed.Record) ([]feed.Rejection, error) {
 	var rejections []feed.Rejection
 	round := make([]todo, 0, len(records))
 	for i, r := range records {
+		if r.Seq < floor {
+			continue // of an older generation: a no-op, like an older seq
+		}
 		h, ok := c.hints.get(r.Key)
 		if ok && h.seq >= r.Seq {
 			continue // the copy holds this version or a newer one already
@@ -558,24 +603,49 @@ type resync struct {
 	c      *copyState
 	ptrRev uint64 // the pointer's revision when the resync opened
 	old    string // the live copy then
+	// floor is the copy's floor, set by the first Apply that is sent
+	// records; Publish writes it on the pointer. Only this value ever
+	// writes to its copy before then (see # Guarantees in the package
+	// doc), so it is kept here until the publish.
+	mu    sync.Mutex
+	floor feed.Seq
 }
 
 func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejection, error) {
-	return r.s.apply(ctx, r.c, records)
+	r.mu.Lock()
+	if r.floor == 0 && len(records) > 0 {
+		r.floor = records[0].Seq
+		for _, rec := range records[1:] {
+			r.floor = min(r.floor, rec.Seq)
+		}
+	}
+	floor := r.floor
+	r.mu.Unlock()
+	return r.s.apply(ctx, r.c, floor, records)
 }
 
-// Publish points the pointer at this copy, on the condition that it has not
-// moved since OpenResync (a rival that published meanwhile wins), then
-// removes the copy it replaced.
+// Publish points the pointer at this copy, with the copy's floor in the
+// same message, on the condition that it has not moved since OpenResync (a
+// rival that published meanwhile wins), then removes the copy it replaced.
 func (r *resync) Publish(ctx context.Context) error {
 	if _, err := r.c.stream.Info(ctx); err != nil {
 		return fmt.Errorf("nats: the resync's bucket %s (another worker's resync may have removed it): %w", r.c.name, err)
 	}
-	if _, err := r.s.ptr.Update(ctx, PointerKey, []byte(r.c.name), r.ptrRev); err != nil {
+	r.mu.Lock()
+	live := *r.c
+	live.floor = r.floor
+	r.mu.Unlock()
+	// What the KV's Update sends, with the floor as a header: KV clients
+	// read the value alone, the sinks read both.
+	m := &nats.Msg{Subject: r.s.ptrSubject, Data: []byte(live.name), Header: nats.Header{}}
+	if live.floor > 0 {
+		m.Header.Set(HeaderFloor, strconv.FormatInt(int64(live.floor), 10))
+	}
+	if _, err := r.s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(r.ptrRev)); err != nil {
 		return fmt.Errorf("nats: pointing %s.%s at %s: %w", r.s.opts.Bucket, PointerKey, r.c.name, err)
 	}
 	r.s.mu.Lock()
-	r.s.live = r.c
+	r.s.live = &live
 	r.s.mu.Unlock()
 	// Readers that read the pointer before the update and the old copy
 	// after this find it gone, and read the pointer again (see Reader).

@@ -128,6 +128,39 @@ func TestStaleCallChangesNothing(t *testing.T) {
 	}
 }
 
+// TestFloorAfterPublish: a sink started after a publish (a worker's
+// process that starts while the old one's call is still in flight) reads the
+// new copy's floor with the pointer, and drops a stale call of the
+// generation before, for keys the copy lacks too; the floor is the meta
+// hash's, beside live.
+func TestFloorAfterPublish(t *testing.T) {
+	t.Parallel()
+	tg := newTarget(t)
+	s := tg.sink(t, redis.Options{})
+	applyOK(t, s, rec("a", 1, `{"g":1}`), rec("b", 2, `{"g":1}`))
+	r, err := s.OpenResync(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyOK(t, r, rec("b", 12, `{"g":2}`), rec("a", 10, ""))
+	if err := r.Publish(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := tg.admin.HGet(t.Context(), tg.meta(), "floor").Result(); err != nil || f != "10" {
+		t.Fatalf("the meta hash's floor = %q, %v; want 10, the lowest seq of the copy's first batch", f, err)
+	}
+	late := tg.sink(t, redis.Options{})
+	applyOK(t, late, rec("c", 3, `{"g":1}`), rec("a", 4, `{"g":1}`), rec("b", 5, ""))
+	applyOK(t, late, rec("d", 13, `{"g":2}`)) // the copy's own still land
+	got, err := tg.reader(t, redis.EncodingJSON).MGet(t.Context(), "a", "b", "c", "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != nil || !feedtest.JSONEqual(got[1], json.RawMessage(`{"g":2}`)) || got[2] != nil || !feedtest.JSONEqual(got[3], json.RawMessage(`{"g":2}`)) {
+		t.Errorf("after a stale call of generation 1 the reader gets %q; want a and c absent, b and d of generation 2", got)
+	}
+}
+
 // TestConnectionKilledMidBatch: the sink's own connections, found by the
 // client name Open sets, are killed by CLIENT KILL ID while a large batch
 // is on the wire. The call is an error of the connection, never a

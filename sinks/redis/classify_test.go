@@ -83,8 +83,8 @@ func (f *fakeServer) serve(c net.Conn) {
 			reply = "+PONG\r\n"
 		case "CONFIG":
 			reply = fmt.Sprintf("*2\r\n$16\r\nmaxmemory-policy\r\n$%d\r\n%s\r\n", len(f.policy), f.policy)
-		case "HMGET":
-			reply = "*2\r\n$3\r\n0.1\r\n$-1\r\n"
+		case "HMGET": // live, floor, filling:<ns>
+			reply = "*3\r\n$3\r\n0.1\r\n$-1\r\n$-1\r\n"
 		case "HGETALL":
 			reply = "*0\r\n"
 		case "EVALSHA", "EVAL":
@@ -109,7 +109,7 @@ func (f *fakeServer) serve(c net.Conn) {
 				}
 				break
 			}
-			reply = "$3\r\n0.1\r\n" // the init script: the live namespace
+			reply = "*2\r\n$3\r\n0.1\r\n$-1\r\n" // the init script: the live namespace, no floor
 		default:
 			reply = "+OK\r\n"
 		}

@@ -12,9 +12,11 @@
 //
 // Under Prefix P (which ends with ':'):
 //
-//	P meta                        a hash: live (the live namespace), next (the
-//	                              last namespace number handed out), and
-//	                              filling:<ns> for a resync being filled
+//	P meta                        a hash: live (the live namespace), floor
+//	                              (the live namespace's floor, see # The
+//	                              floor), next (the last namespace number
+//	                              handed out), and filling:<ns> for a
+//	                              resync being filled
 //	P <ns>:{<key>}                the document: a string (its JSON text), or a
 //	                              hash whose fields are the object's member
 //	                              names and whose values are each member's
@@ -54,6 +56,37 @@
 // a worker whose lease lapsed can still have landing. With Options.TTL a
 // document's seq expires with it; an older write landing after that would
 // write the older version, which then expires in turn.
+//
+// # The floor
+//
+// A resync's namespace starts with no seq keys, so the guard alone would let
+// the stale call of a worker of the generation before, landing after the
+// publish, write a key the new copy does not hold (one the rebuild deleted)
+// back into the live copy. So each resync's copy keeps a floor: the lowest
+// seq of the first batch it was sent. Records below it are of an older
+// generation (seqs are never reset, and the worker fills a copy from the
+// start of its generation in seq order, then only moves on) and are dropped
+// as a no-op, neither written nor rejected, on the resync's namespace and,
+// once it is published, on the live one.
+//
+// Until the publish, the floor is held by the Resync value: it alone writes
+// to its namespace (every other sink writes to the live one, and a later
+// OpenResync retires the namespace), and a namespace a crash left filling
+// is never published. Publish writes it to the meta hash's floor field in
+// the same script that switches live, so every process reads the two
+// together: New reads them in its init script, and the pipeline that ends
+// each Apply reads them in one HMGET beside its pointer check, so a sink
+// that follows the pointer to a new copy learns its floor in the same round
+// trip. A namespace's floor never changes once it is live, so the sink
+// keeps it with the namespace and drops the records below it before it
+// sends anything: the apply script never sees them. That is also why the
+// floor needs no key in any other slot: in a cluster a script may touch
+// only its own slot's keys, and the meta hash is in one slot, so a script
+// could reach the floor only from an argument (which the sink would have to
+// read first) or from a copy in every slot (written by every publish); the
+// client already holds it, read with the pointer, at no extra cost. A
+// resync that was sent nothing publishes no floor (feed.Sink's doc says
+// what that leaves).
 //
 // # Redis Cluster
 //

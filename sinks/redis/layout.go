@@ -9,7 +9,7 @@ import (
 
 // The key layout (doc.go, # Key layout, says it for readers outside Go):
 //
-//	<prefix>meta                    hash: live, next, filling:<ns>
+//	<prefix>meta                    hash: live, floor, next, filling:<ns>
 //	<prefix><ns>:{<escaped key>}     the document
 //	<prefix><ns>:{<escaped key>}:seq the seq of the version stored (or deleted)
 //
@@ -18,6 +18,7 @@ import (
 const (
 	metaSuffix   = "meta"
 	fieldLive    = "live"
+	fieldFloor   = "floor"
 	fieldNext    = "next"
 	fieldFilling = "filling:"
 	seqSuffix    = ":seq"

@@ -93,7 +93,7 @@ func TestClusterGroups(t *testing.T) {
 	}
 	for _, cluster := range []*goredis.ClusterClient{nil, cc} {
 		s := &Sink{l: layout{"p:"}, cluster: cluster, opts: Options{MaxDocumentBytes: 1 << 20, Encoding: EncodingJSON}}
-		groups, rej := s.groups("1.1", recs)
+		groups, rej := s.groups(copyRef{ns: "1.1"}, recs)
 		if len(rej) != 0 {
 			t.Fatal(rej)
 		}

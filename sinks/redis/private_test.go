@@ -69,16 +69,22 @@ func TestRealServerOutOfMemory(t *testing.T) {
 	}
 	filler := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer filler.Close()
-	big := strings.Repeat("x", 64<<10)
-	for i := 0; ; i++ {
-		if err := filler.Set(t.Context(), "fill:"+strconv.Itoa(i), big, 0).Err(); err != nil {
-			if !goredis.IsOOMError(err) {
-				t.Fatalf("filling the server: %v", err)
+	// Fill in ever smaller values: a refused value's command is freed with
+	// it, so one size alone can stop as much as a value short of the limit,
+	// where the sink's small batch would still fit.
+	n := 0
+	for _, size := range []int{64 << 10, 1 << 10, 16} {
+		v := strings.Repeat("x", size)
+		for ; ; n++ {
+			if err := filler.Set(t.Context(), "fill:"+strconv.Itoa(n), v, 0).Err(); err != nil {
+				if !goredis.IsOOMError(err) {
+					t.Fatalf("filling the server: %v", err)
+				}
+				break
 			}
-			break
-		}
-		if i > 1000 {
-			t.Fatal("the server never ran out of memory")
+			if n > 100000 {
+				t.Fatal("the server never ran out of memory")
+			}
 		}
 	}
 	batch := []feed.Record{rec("a", 1, `{"v":1}`), rec("b", 2, `{"v":2}`)}

@@ -102,14 +102,16 @@ local function nextid(meta)
 end
 `
 
-// initScript returns the live namespace, first making an empty one of
-// generation 0 live when the meta hash (KEYS[1]) names none.
+// initScript returns the live namespace and its floor (false when it has
+// none), first making an empty one of generation 0 live when the meta hash
+// (KEYS[1]) names none.
 var initScript = goredis.NewScript(nextID + `
 local live = redis.call('HGET', KEYS[1], 'live')
-if live then return live end
+if live then return {live, redis.call('HGET', KEYS[1], 'floor')} end
 live = '0.' .. nextid(KEYS[1])
 redis.call('HSET', KEYS[1], 'live', live)
-return live
+redis.call('HDEL', KEYS[1], 'floor')
+return {live, false}
 `)
 
 // openScript opens a namespace of generation ARGV[1] for a resync and
@@ -128,16 +130,24 @@ redis.call('HSET', meta, 'filling:' .. ns, '1')
 return ns
 `)
 
-// publishScript makes namespace ARGV[1] live, if it is still filling, and
-// returns the namespace it replaced ("" when none). It returns false (nil)
-// when the namespace is neither filling nor live: a later OpenResync or an
-// Abort retired it. Publishing the live namespace again succeeds, so a
-// Publish whose reply was lost can be repeated.
+// publishScript makes namespace ARGV[1] live, if it is still filling, with
+// ARGV[2] as the live copy's floor ("0": none), and returns the namespace
+// it replaced ("" when none). The live and floor fields change in one
+// step, so whoever reads them together (HMGET) gets a namespace and its own
+// floor. It returns false (nil) when the namespace is neither filling nor
+// live: a later OpenResync or an Abort retired it. Publishing the live
+// namespace again succeeds, so a Publish whose reply was lost can be
+// repeated.
 var publishScript = goredis.NewScript(`
-local meta, ns = KEYS[1], ARGV[1]
+local meta, ns, floor = KEYS[1], ARGV[1], ARGV[2]
 local live = redis.call('HGET', meta, 'live')
 if live == ns then return '' end
 if redis.call('HDEL', meta, 'filling:' .. ns) == 0 then return false end
-redis.call('HSET', meta, 'live', ns)
+if floor == '0' then
+  redis.call('HDEL', meta, 'floor')
+  redis.call('HSET', meta, 'live', ns)
+else
+  redis.call('HSET', meta, 'live', ns, 'floor', floor)
+end
 return live or ''
 `)

@@ -36,9 +36,10 @@ type Sink struct {
 	cluster *goredis.ClusterClient
 	opts    Options
 	l       layout
-	// live caches the live namespace. Every Apply checks it in the same
-	// round trip (see write) and follows the pointer when it moved.
-	live atomic.Pointer[string]
+	// live caches the live namespace and its floor. Every Apply checks it
+	// in the same round trip (see write) and follows the pointer when it
+	// moved.
+	live atomic.Pointer[copyRef]
 	// The script's fixed arguments.
 	ttl, tombTTL, want string
 
@@ -47,6 +48,15 @@ type Sink struct {
 	stop      context.CancelFunc
 	done      chan struct{}
 	closeOnce sync.Once
+}
+
+// copyRef names a namespace and its floor: the lowest seq the copy keeps
+// (0: none), records below which are of an older generation (doc.go, # The
+// floor). A namespace's floor never changes once it is live, so the pair,
+// read together, can be cached for as long as the namespace is live.
+type copyRef struct {
+	ns    string
+	floor feed.Seq
 }
 
 // New returns a sink over client (a *goredis.Client, a failover client, or
@@ -145,9 +155,13 @@ func newSink(ctx context.Context, client goredis.UniversalClient, own bool, opts
 	if policy, err := client.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil && strings.HasPrefix(policy["maxmemory-policy"], "allkeys-") {
 		return nil, fmt.Errorf("redis: the server's maxmemory-policy is %s, which may evict the sink's pointer and the seqs its guard keeps; use noeviction or a volatile-* policy", policy["maxmemory-policy"])
 	}
-	live, err := initScript.Run(ctx, client, []string{s.l.meta()}).Text()
+	got, err := initScript.Run(ctx, client, []string{s.l.meta()}).Slice()
 	if err != nil {
 		return nil, classify("reading the live copy's pointer", err)
+	}
+	live, err := liveRef(got)
+	if err != nil {
+		return nil, &sinkError{op: "reading the live copy's pointer", kind: ErrServer, err: err}
 	}
 	s.live.Store(&live)
 	sweepCtx, stop := context.WithCancel(context.Background())
@@ -178,8 +192,8 @@ func (s *Sink) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejecti
 		return nil, nil
 	}
 	for range maxFollows {
-		ns := *s.live.Load()
-		rej, still, got, err := s.write(ctx, ns, records, false)
+		c := *s.live.Load()
+		rej, still, got, err := s.write(ctx, c, records, false)
 		if err != nil {
 			return nil, err
 		}
@@ -188,9 +202,9 @@ func (s *Sink) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejecti
 		}
 		// The pointer moved (a publish by another process): the writes
 		// may have landed in a retired copy, which nobody reads again.
-		// Take them out, and write to the live one.
-		s.unlink(ctx, ns, records)
-		if got == "" {
+		// Take them out, and write to the live one, under its floor.
+		s.unlink(ctx, c.ns, records)
+		if got.ns == "" {
 			return nil, &sinkError{op: "applying a batch", kind: ErrNoPointer, err: errors.New("the meta hash " + s.l.meta() + " names no live copy")}
 		}
 		s.live.Store(&got)
@@ -207,13 +221,16 @@ type group struct {
 	size int
 }
 
-// write applies records to namespace ns in one pipeline: a script call per
-// group, then a read of the meta hash that says whether ns was still the
-// live copy (still) or, for a resync (resync true), still filling or live,
-// after the writes. got is the live namespace that read found ("" for
-// none). A group the server had no script for is sent again as EVAL.
-func (s *Sink) write(ctx context.Context, ns string, records []feed.Record, resync bool) (rej []feed.Rejection, still bool, got string, err error) {
-	groups, rej := s.groups(ns, records)
+// write applies records to namespace c.ns in one pipeline: a script call
+// per group, then a read of the meta hash that says whether c.ns was still
+// the live copy (still) or, for a resync (resync true), still filling or
+// live, after the writes. got is the live namespace that read found, with
+// its floor (ns "" for none). Records below c.floor are not sent: they are
+// of an older generation than the copy's (doc.go, # The floor). A group the
+// server had no script for is sent again as EVAL.
+func (s *Sink) write(ctx context.Context, c copyRef, records []feed.Record, resync bool) (rej []feed.Rejection, still bool, got copyRef, err error) {
+	ns := c.ns
+	groups, rej := s.groups(c, records)
 	for attempt := 0; ; attempt++ {
 		pipe := s.client.Pipeline()
 		cmds := make([]*goredis.Cmd, len(groups))
@@ -224,7 +241,7 @@ func (s *Sink) write(ctx context.Context, ns string, records []feed.Record, resy
 				cmds[i] = applyScript.Eval(ctx, pipe, g.keys, g.args...)
 			}
 		}
-		check := pipe.HMGet(ctx, s.l.meta(), fieldLive, fieldFilling+ns)
+		check := pipe.HMGet(ctx, s.l.meta(), fieldLive, fieldFloor, fieldFilling+ns)
 		_, _ = pipe.Exec(ctx) // each command's error is read below
 		var redo []group
 		for i, c := range cmds {
@@ -233,11 +250,11 @@ func (s *Sink) write(ctx context.Context, ns string, records []feed.Record, resy
 					redo = append(redo, groups[i])
 					continue
 				}
-				return nil, false, "", classify("applying a batch", err)
+				return nil, false, copyRef{}, classify("applying a batch", err)
 			}
 			codes, err := c.Slice()
 			if err != nil || len(codes) != len(groups[i].idx) {
-				return nil, false, "", &sinkError{op: "applying a batch", kind: ErrServer, err: fmt.Errorf("the script answered %d codes for %d records (%v)", len(codes), len(groups[i].idx), err)}
+				return nil, false, copyRef{}, &sinkError{op: "applying a batch", kind: ErrServer, err: fmt.Errorf("the script answered %d codes for %d records (%v)", len(codes), len(groups[i].idx), err)}
 			}
 			for j, code := range codes {
 				if what, ok := code.(string); ok {
@@ -248,15 +265,21 @@ func (s *Sink) write(ctx context.Context, ns string, records []feed.Record, resy
 		}
 		vals, err := check.Result()
 		if err != nil {
-			return nil, false, "", classify("reading the live copy's pointer", err)
+			return nil, false, copyRef{}, classify("reading the live copy's pointer", err)
 		}
-		live, _ := vals[0].(string)
-		filling := vals[1] != nil
+		if len(vals) != 3 {
+			return nil, false, copyRef{}, &sinkError{op: "reading the live copy's pointer", kind: ErrServer, err: fmt.Errorf("the server answered %d values for 3 fields of the meta hash", len(vals))}
+		}
+		live, err := liveRef(vals[:2])
+		if err != nil {
+			return nil, false, copyRef{}, &sinkError{op: "reading the live copy's pointer", kind: ErrServer, err: err}
+		}
+		filling := vals[2] != nil
 		if len(redo) > 0 {
 			groups = redo
 			continue
 		}
-		return rej, live == ns || resync && filling, live, nil
+		return rej, live.ns == ns || resync && filling, live, nil
 	}
 }
 
@@ -270,13 +293,35 @@ func wrongType(docKey, what string) string {
 	return fmt.Sprintf("WRONGTYPE: the key %q holds a %s the sink did not write; the sink leaves it alone (remove it, or give the sink another prefix)", key, typ)
 }
 
-// groups turns records into script calls, rejecting those too large or,
-// for the hash encoding, not a non-empty object.
-func (s *Sink) groups(ns string, records []feed.Record) ([]group, []feed.Rejection) {
+// liveRef reads the live and floor fields of the meta hash, as HMGET or
+// initScript answer them (nil or false for a field that is absent).
+func liveRef(vals []any) (copyRef, error) {
+	var c copyRef
+	if len(vals) != 2 {
+		return copyRef{}, fmt.Errorf("the server answered %d values for the meta hash's %s and %s fields", len(vals), fieldLive, fieldFloor)
+	}
+	c.ns, _ = vals[0].(string)
+	if f, ok := vals[1].(string); ok {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || n < 0 {
+			return copyRef{}, fmt.Errorf("the meta hash's %s field %q is not a seq", fieldFloor, f)
+		}
+		c.floor = feed.Seq(n)
+	}
+	return c, nil
+}
+
+// groups turns the records of c's generation (those at or above its floor)
+// into script calls for namespace c.ns, rejecting those too large or, for
+// the hash encoding, not a non-empty object.
+func (s *Sink) groups(c copyRef, records []feed.Record) ([]group, []feed.Rejection) {
 	var rej []feed.Rejection
 	var groups []group
 	open := map[uint16]int{} // slot → index of its group still filling, in a cluster
 	for i, r := range records {
+		if r.Seq < c.floor {
+			continue // of an older generation: a no-op, like an older seq
+		}
 		var payload []any
 		n := -1
 		size := len(r.Key)*2 + 64
@@ -308,7 +353,7 @@ func (s *Sink) groups(ns string, records []feed.Record) ([]group, []feed.Rejecti
 			open[slot] = gi
 		}
 		g := &groups[gi]
-		dk := s.l.docKey(ns, r.Key)
+		dk := s.l.docKey(c.ns, r.Key)
 		g.keys = append(g.keys, dk, seqKeyOf(dk))
 		g.args = append(g.args, strconv.FormatInt(int64(r.Seq), 10), n)
 		g.args = append(g.args, payload...)
@@ -367,6 +412,12 @@ func (s *Sink) OpenResync(ctx context.Context, generation feed.Generation) (feed
 type Resync struct {
 	s  *Sink
 	ns string
+	// floor is the namespace's floor, set by the first Apply that is sent
+	// records and fixed from then on; Publish writes it beside the
+	// pointer. Only this value ever writes to its namespace before the
+	// publish (doc.go, # The floor), so it is kept here until then.
+	mu    sync.Mutex
+	floor feed.Seq
 }
 
 // Namespace is the namespace the resync fills: its keys are
@@ -380,7 +431,16 @@ func (r *Resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	if len(records) == 0 {
 		return nil, nil
 	}
-	rej, still, _, err := r.s.write(ctx, r.ns, records, true)
+	r.mu.Lock()
+	if r.floor == 0 {
+		r.floor = records[0].Seq
+		for _, rec := range records[1:] {
+			r.floor = min(r.floor, rec.Seq)
+		}
+	}
+	c := copyRef{ns: r.ns, floor: r.floor}
+	r.mu.Unlock()
+	rej, still, _, err := r.s.write(ctx, c, records, true)
 	if err != nil {
 		return nil, err
 	}
@@ -395,14 +455,16 @@ func (r *Resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 // so readers go from the old copy to the new one at once; the old copy is
 // then removed in the background. A retired namespace is ErrSuperseded.
 func (r *Resync) Publish(ctx context.Context) error {
-	if _, err := publishScript.Run(ctx, r.s.client, []string{r.s.l.meta()}, r.ns).Text(); err != nil {
+	r.mu.Lock()
+	c := copyRef{ns: r.ns, floor: r.floor}
+	r.mu.Unlock()
+	if _, err := publishScript.Run(ctx, r.s.client, []string{r.s.l.meta()}, c.ns, strconv.FormatInt(int64(c.floor), 10)).Text(); err != nil {
 		if errors.Is(err, goredis.Nil) {
 			return &sinkError{op: "publishing a resync", kind: ErrSuperseded, err: errors.New("namespace " + r.ns + " is retired")}
 		}
 		return classify("publishing a resync", err)
 	}
-	ns := r.ns
-	r.s.live.Store(&ns)
+	r.s.live.Store(&c)
 	r.s.kickSweep()
 	return nil
 }
