@@ -1,0 +1,100 @@
+-- Table capture (capture.go, backfill.go): the registry of captured tables,
+-- the progress of backfills, and the two functions through which a capture
+-- trigger and a backfill write the feed. The functions are the one place a
+-- captured change set meets the feed's write rules, so another write mode is
+-- plugged in here, not in every installed trigger.
+
+CREATE TABLE IF NOT EXISTS {{table "captures"}} (
+    feed         text COLLATE "C" PRIMARY KEY,
+    table_schema text NOT NULL,
+    table_name   text NOT NULL,
+    -- spec is the CaptureSpec as given; version hashes the SQL it installed,
+    -- so a Capture with the same outcome changes nothing and one with a new
+    -- outcome replaces the trigger.
+    spec         jsonb NOT NULL,
+    version      text NOT NULL,
+    installed_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE IF NOT EXISTS {{table "backfills"}} (
+    feed        text COLLATE "C" PRIMARY KEY,
+    -- version is the capture version the backfill reads the table with; a
+    -- backfill under another one starts over.
+    version     text NOT NULL,
+    -- position is the last copied row's key columns as text, in key order;
+    -- NULL before the first batch.
+    position    text[],
+    rows        bigint NOT NULL DEFAULT 0 CHECK (rows >= 0),
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at timestamptz
+);
+
+-- write is Write's statement as a function over one change set: keys[i]
+-- gets docs[i], a NULL document a tombstone. It keeps each key's last change
+-- (so a statement that tombstones a key and writes it again leaves the
+-- document), refuses what the feed refuses (a NULL or empty key, one over
+-- 512 bytes, a JSON null document) with SQLSTATE 22023, then takes the feed
+-- lock by adding the change count to the head, upserts the rows at the seqs
+-- handed out and notifies channel. An empty set writes nothing and takes no
+-- lock. It returns the head, NULL when it wrote nothing. Each statement of
+-- the function reads a fresh snapshot, so the upsert sees every row of a
+-- writer it waited for, as Write's single statement does.
+CREATE OR REPLACE FUNCTION {{table "write"}}(feed_name text, keys text[], docs jsonb[], channel text)
+RETURNS bigint LANGUAGE plpgsql AS $kairos$
+DECLARE
+    n    bigint;
+    h    bigint;
+    bad  text;
+BEGIN
+    IF coalesce(cardinality(keys), 0) = 0 THEN
+        RETURN NULL;
+    END IF;
+    IF cardinality(keys) <> coalesce(cardinality(docs), 0) THEN
+        RAISE EXCEPTION 'kairos: feed %: % keys and % documents', feed_name, cardinality(keys), cardinality(docs)
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT k INTO bad FROM unnest(keys) AS k WHERE k IS NULL OR k = '' OR octet_length(k) > 512 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'kairos: feed %: key %', feed_name,
+            CASE WHEN bad IS NULL THEN 'is NULL' WHEN bad = '' THEN 'is empty'
+                 ELSE format('%s... is %s bytes long, more than the 512 allowed', left(bad, 40), octet_length(bad)) END
+            USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(docs) AS d WHERE d = 'null'::jsonb) THEN
+        RAISE EXCEPTION 'kairos: feed %: a document is JSON null; a deletion is a NULL document', feed_name
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT count(DISTINCT k) INTO n FROM unnest(keys) AS k;
+    INSERT INTO {{table "generations"}} AS g (feed, head) VALUES (feed_name, n)
+    ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head
+    RETURNING g.head INTO h;
+    INSERT INTO {{table "rows"}} AS r (feed, key, seq, doc)
+    SELECT feed_name, c.key, h - n + row_number() OVER (ORDER BY c.ord), c.doc
+    FROM (
+        SELECT DISTINCT ON (u.key) u.key, u.doc, u.ord
+        FROM unnest(keys, docs) WITH ORDINALITY AS u(key, doc, ord)
+        ORDER BY u.key, u.ord DESC
+    ) AS c
+    ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc;
+    PERFORM pg_notify(channel, feed_name);
+    RETURN h;
+END
+$kairos$;
+
+-- reset is ResetTx's two statements as a function: the feed lock and the
+-- next generation, then the feed emptied and channel notified. A TRUNCATE of
+-- a captured table and a backfill into a new generation call it.
+CREATE OR REPLACE FUNCTION {{table "reset"}}(feed_name text, channel text)
+RETURNS bigint LANGUAGE plpgsql AS $kairos$
+DECLARE
+    gen bigint;
+BEGIN
+    INSERT INTO {{table "generations"}} AS g (feed, generation) VALUES (feed_name, 2)
+    ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
+    RETURNING g.generation INTO gen;
+    DELETE FROM {{table "rows"}} AS r WHERE r.feed = feed_name;
+    PERFORM pg_notify(channel, feed_name);
+    RETURN gen;
+END
+$kairos$;
