@@ -640,6 +640,13 @@ func TestCaptureCommitOrder(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
+	// Every row the feed holds was handed to the reader: a row that
+	// committed below the reader's position would have been skipped.
+	for k, r := range e.feedRows(t, f) {
+		if !seen[feed.Seq(r.seq)] {
+			t.Errorf("the tailing reader skipped key %s at seq %d (it read up to %d)", k, r.seq, last)
+		}
+	}
 	_, head := e.head(t, f)
 	want := int64(writers*commits*perCommit + 2)
 	if int64(head) != want || written.Load() != want {
