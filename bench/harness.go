@@ -59,6 +59,9 @@ type Sizes struct {
 	DescribeCalls  int           // describe: calls per run
 	SinkApplyBatch int           // sink apply rates: records per Apply
 	SinkApplyRecs  int           // sink apply rates: records per run
+	CaptureRows    int           // K update: rows one UPDATE changes
+	CaptureUpdates int           // K update: timed UPDATEs per side and run
+	BackfillRows   int           // K backfill: rows of the table
 }
 
 // FullSizes are the sizes.
@@ -69,6 +72,7 @@ var FullSizes = Sizes{
 	Writers: 16, WritersFor: 3 * time.Second,
 	Tombstones: 100_000, DescribeSinks: 10, DescribeCalls: 3,
 	SinkApplyBatch: 500, SinkApplyRecs: 200_000,
+	CaptureRows: 10_000, CaptureUpdates: 10, BackfillRows: 1_000_000,
 }
 
 // TinySizes keep every code path of the full run at a size CI can afford.
@@ -79,6 +83,7 @@ var TinySizes = Sizes{
 	Writers: 4, WritersFor: 300 * time.Millisecond,
 	Tombstones: 1_000, DescribeSinks: 3, DescribeCalls: 2,
 	SinkApplyBatch: 500, SinkApplyRecs: 5_000,
+	CaptureRows: 500, CaptureUpdates: 2, BackfillRows: 3_000,
 }
 
 // env is what every measurement shares: the database and the sizes.
