@@ -355,10 +355,10 @@ func (n names) table(t string) string {
 // captureDDL is the trigger function and the four triggers for c. The
 // function builds the statement's change set from its transition tables
 // and hands it to the feed's write function, which applies Write's rules;
-// an UPDATE hands the old rows' keys as tombstones first and the new rows'
-// documents after, so a key that stayed keeps its document (the write
-// function keeps each key's last change) and a key that changed leaves a
-// tombstone. TRUNCATE moves the feed to a new generation.
+// an UPDATE hands, as tombstones, the keys of old rows no new row has, and
+// the new rows' documents after them, so a key that changed leaves a
+// tombstone (the write function's compaction keeps a key's last change
+// should the two still meet). TRUNCATE moves the feed to a new generation.
 func (s *Store) captureDDL(c *capture) string {
 	feedLit, chanLit := quoteLiteral(string(c.spec.Feed)), quoteLiteral(s.names.channel)
 	write, reset := s.names.table("write"), s.names.table("reset")
@@ -375,6 +375,7 @@ BEGIN
     ELSIF TG_OP = 'UPDATE' THEN
         SELECT array_agg(c.key ORDER BY c.ord), array_agg(c.doc ORDER BY c.ord) INTO k, d FROM (
             SELECT %[4]s AS key, NULL::jsonb AS doc, 1 AS ord FROM kairos_old AS r
+            WHERE NOT EXISTS (SELECT FROM kairos_new AS n WHERE %[10]s)
             UNION ALL
             SELECT %[4]s, %[5]s, 2 FROM kairos_new AS r
         ) AS c;
@@ -388,7 +389,7 @@ BEGIN
     RETURN NULL;
 END
 $kairos$;
-`, c.table, c.spec.Feed, c.fn, c.keyExpr, c.docExpr, reset, write, feedLit, chanLit)
+`, c.table, c.spec.Feed, c.fn, c.keyExpr, c.docExpr, reset, write, feedLit, chanLit, c.sameKey())
 	if c.previous != "" {
 		for _, t := range c.triggers {
 			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t), c.previous)
@@ -405,6 +406,19 @@ $kairos$;
 		fmt.Fprintf(&b, "CREATE TRIGGER %s "+refs[i]+" FOR EACH STATEMENT EXECUTE FUNCTION %s();\n", quoteIdent(t), c.table, c.fn)
 	}
 	return b.String()
+}
+
+// sameKey is the condition that the new row n has the old row r's key,
+// column by column, so an UPDATE writes tombstones only for the keys it
+// moved away from (the write function's compaction would drop the others
+// anyway, at the cost of a set twice as large).
+func (c *capture) sameKey() string {
+	var conds []string
+	for _, k := range c.key {
+		q := quoteIdent(k.name)
+		conds = append(conds, "n."+q+" = r."+q)
+	}
+	return strings.Join(conds, " AND ")
 }
 
 // installSQL is the whole capture script: the capture lock, the DDL and the

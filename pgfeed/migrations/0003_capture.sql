@@ -31,19 +31,18 @@ CREATE TABLE IF NOT EXISTS {{table "backfills"}} (
 );
 
 -- write is Write's statement as a function over one change set: keys[i]
--- gets docs[i], a NULL document a tombstone. It keeps each key's last change
--- (so a statement that tombstones a key and writes it again leaves the
--- document), refuses what the feed refuses (a NULL or empty key, one over
--- 512 bytes, a JSON null document) with SQLSTATE 22023, then takes the feed
--- lock by adding the change count to the head, upserts the rows at the seqs
--- handed out and notifies channel. An empty set writes nothing and takes no
--- lock. It returns the head, NULL when it wrote nothing. Each statement of
--- the function reads a fresh snapshot, so the upsert sees every row of a
--- writer it waited for, as Write's single statement does.
+-- gets docs[i], a NULL document a tombstone. It refuses what the feed
+-- refuses (a NULL or empty key, one over 512 bytes, a JSON null document)
+-- with SQLSTATE 22023, keeps each key's last change (so a set that
+-- tombstones a key and writes it again leaves the document), then, in one
+-- statement as Write does, takes the feed lock by adding the number of keys
+-- to the head, upserts the rows at the seqs handed out (in key order: one
+-- set commits whole, so the order within it is free) and notifies channel.
+-- An empty set writes nothing and takes no lock. It returns the head, NULL
+-- when it wrote nothing.
 CREATE OR REPLACE FUNCTION {{table "write"}}(feed_name text, keys text[], docs jsonb[], channel text)
 RETURNS bigint LANGUAGE plpgsql AS $kairos$
 DECLARE
-    n    bigint;
     h    bigint;
     bad  text;
 BEGIN
@@ -54,30 +53,33 @@ BEGIN
         RAISE EXCEPTION 'kairos: feed %: % keys and % documents', feed_name, cardinality(keys), cardinality(docs)
             USING ERRCODE = '22023';
     END IF;
-    SELECT k INTO bad FROM unnest(keys) AS k WHERE k IS NULL OR k = '' OR octet_length(k) > 512 LIMIT 1;
+    SELECT CASE WHEN u.k IS NULL THEN 'key is NULL' WHEN u.k = '' THEN 'key is empty'
+                WHEN octet_length(u.k) > 512 THEN format('key %s... is %s bytes long, more than the 512 allowed', left(u.k, 40), octet_length(u.k))
+                ELSE format('key %s: its document is JSON null; a deletion is a NULL document', u.k) END
+    INTO bad
+    FROM unnest(keys, docs) AS u(k, d)
+    WHERE u.k IS NULL OR u.k = '' OR octet_length(u.k) > 512 OR u.d = 'null'::jsonb
+    LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'kairos: feed %: key %', feed_name,
-            CASE WHEN bad IS NULL THEN 'is NULL' WHEN bad = '' THEN 'is empty'
-                 ELSE format('%s... is %s bytes long, more than the 512 allowed', left(bad, 40), octet_length(bad)) END
-            USING ERRCODE = '22023';
+        RAISE EXCEPTION 'kairos: feed %: %', feed_name, bad USING ERRCODE = '22023';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(docs) AS d WHERE d = 'null'::jsonb) THEN
-        RAISE EXCEPTION 'kairos: feed %: a document is JSON null; a deletion is a NULL document', feed_name
-            USING ERRCODE = '22023';
-    END IF;
-    SELECT count(DISTINCT k) INTO n FROM unnest(keys) AS k;
-    INSERT INTO {{table "generations"}} AS g (feed, head) VALUES (feed_name, n)
-    ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head
-    RETURNING g.head INTO h;
-    INSERT INTO {{table "rows"}} AS r (feed, key, seq, doc)
-    SELECT feed_name, c.key, h - n + row_number() OVER (ORDER BY c.ord), c.doc
-    FROM (
-        SELECT DISTINCT ON (u.key) u.key, u.doc, u.ord
+    WITH c AS MATERIALIZED (
+        SELECT DISTINCT ON (u.key) u.key, u.doc
         FROM unnest(keys, docs) WITH ORDINALITY AS u(key, doc, ord)
         ORDER BY u.key, u.ord DESC
-    ) AS c
-    ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc;
-    PERFORM pg_notify(channel, feed_name);
+    ), n AS (
+        SELECT count(*) AS n FROM c
+    ), g AS (
+        INSERT INTO {{table "generations"}} AS g (feed, head) SELECT feed_name, n.n FROM n
+        ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head
+        RETURNING g.head
+    ), w AS (
+        INSERT INTO {{table "rows"}} AS r (feed, key, seq, doc)
+        SELECT feed_name, c.key, g.head - n.n + row_number() OVER (), c.doc
+        FROM g, n, c
+        ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc
+    )
+    SELECT g.head INTO h FROM g, LATERAL (SELECT pg_notify(channel, feed_name)) AS notified;
     RETURN h;
 END
 $kairos$;
