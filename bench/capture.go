@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
@@ -20,6 +21,9 @@ import (
 //     the same UPDATE of an identical table without the trigger, in the same
 //     schema, the two taking turns statement by statement; milliseconds per
 //     statement, each side's median over CaptureUpdates statements.
+//   - K update floor: the captured UPDATE against the same UPDATE plus the
+//     same rows upserted raw into a table built like the feed's, in one
+//     transaction: the trigger's own overhead above the write it must do.
 //   - K writers: Writers concurrent writers commit single-row upserts into
 //     a captured table, against the same into a table without the trigger,
 //     for WritersFor each, one after the other; commits per second. The
@@ -36,7 +40,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	var upd, updBase, wr, wrBase, bf, bfBase []float64
+	var upd, updBase, updFloor, wr, wrBase, bf, bfBase []float64
 	for r := range sz.Runs {
 		if err := func() error {
 			s, err := e.newSchema(ctx, admin)
@@ -49,11 +53,11 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 				return err
 			}
 			defer st.Close()
-			a, b, err := e.captureUpdate(ctx, admin, s, st, r)
+			a, b, c, err := e.captureUpdate(ctx, admin, s, st, r)
 			if err != nil {
 				return err
 			}
-			upd, updBase = append(upd, a), append(updBase, b)
+			upd, updBase, updFloor = append(upd, a), append(updBase, b), append(updFloor, c)
 			a, b, err = e.captureWriters(ctx, admin, s, st, r)
 			if err != nil {
 				return err
@@ -72,6 +76,8 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 	return []Row{
 		newRow("K update", fmt.Sprintf("one UPDATE of %d rows of a captured table (the trigger writes %d feed rows); baseline: the same UPDATE without the trigger", sz.CaptureRows, sz.CaptureRows),
 			"ms", upd, updBase, "figure/baseline", div, "≤ 1.5×", func(_, r float64) bool { return r <= 1.5 }),
+		newRow("K update floor", "the same captured UPDATE; baseline: the same UPDATE and, in its transaction, the same rows upserted into a table like the feed's by one statement (what any feed write costs at least)",
+			"ms", upd, updFloor, "figure/baseline", div, "", nil),
 		newRow("K writers", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (locked mode), commit rate; baseline: the same without the trigger", sz.Writers),
 			"commits/s", wr, wrBase, "figure/baseline", div, "", nil),
 		newRow("K backfill", fmt.Sprintf("in-place backfill of a %d-row table, batches of %d; baseline: a raw keyset scan of the table reading each row's key and to_jsonb", sz.BackfillRows, pgfeed.DefaultBackfillBatch),
@@ -95,27 +101,53 @@ func captureTables(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfe
 	return capd, raw, err
 }
 
-func (e *env) captureUpdate(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (float64, float64, error) {
+func (e *env) captureUpdate(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (capd, base, floor float64, err error) {
 	sz := e.sizes
-	capd, raw, err := captureTables(ctx, admin, s, st, "upd", sz.CaptureRows)
+	capT, raw, err := captureTables(ctx, admin, s, st, "upd", sz.CaptureRows)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	var per [2][]float64
-	tables := [2]string{capd, raw}
+	// The floor: the same UPDATE, and the same rows upserted into a table
+	// built like the feed's, in one transaction; what any feed written in
+	// the transaction must cost at least.
+	fl, ff := s.qualify("upd_floor"), s.qualify("upd_floor_rows")
+	if err := fillTable(ctx, admin, fl, sz.CaptureRows); err != nil {
+		return 0, 0, 0, err
+	}
+	if _, err := admin.Exec(ctx, `CREATE TABLE `+ff+` (LIKE `+s.table("rows")+` INCLUDING ALL)`); err != nil {
+		return 0, 0, 0, err
+	}
+	var next int64
+	sides := [3]func() error{
+		func() error { _, err := admin.Exec(ctx, `UPDATE `+capT+` SET n = n + 1`); return err },
+		func() error { _, err := admin.Exec(ctx, `UPDATE `+raw+` SET n = n + 1`); return err },
+		func() error {
+			next += int64(sz.CaptureRows)
+			return pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `UPDATE `+fl+` SET n = n + 1`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO `+ff+` AS f (feed, key, seq, doc)
+SELECT 'k', r.id::text, $1::bigint + r.id, to_jsonb(r) FROM `+fl+` AS r
+ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`, next)
+				return err
+			})
+		},
+	}
+	var per [3][]float64
 	for i := range sz.CaptureUpdates + 1 { // the first round is the warm-up
-		for j := range 2 {
-			k := (i + j + run) % 2
+		for j := range 3 {
+			k := (i + j + run) % 3
 			start := time.Now()
-			if _, err := admin.Exec(ctx, `UPDATE `+tables[k]+` SET n = n + 1`); err != nil {
-				return 0, 0, err
+			if err := sides[k](); err != nil {
+				return 0, 0, 0, err
 			}
 			if i > 0 {
 				per[k] = append(per[k], float64(time.Since(start).Nanoseconds())/1e6)
 			}
 		}
 	}
-	return summarize(per[0]).Median, summarize(per[1]).Median, nil
+	return summarize(per[0]).Median, summarize(per[1]).Median, summarize(per[2]).Median, nil
 }
 
 func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (float64, float64, error) {

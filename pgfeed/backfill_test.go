@@ -153,8 +153,10 @@ func TestBackfillRacingWriters(t *testing.T) {
 	var batches atomic.Int64
 	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 50, Progress: func(p pgfeed.BackfillProgress) {
 		batches.Add(1)
-		if p.Total != rows || p.Rows > rows+200 {
-			t.Errorf("progress %+v; want a total of %d", p, rows)
+		// The writers start first, so the count the backfill starts with is
+		// near the table's first size, not equal to it.
+		if p.Total < rows-100 || p.Total > rows+100 || p.Rows > rows+200 {
+			t.Errorf("progress %+v; want a total near %d", p, rows)
 		}
 	}})
 	close(stop)

@@ -356,9 +356,8 @@ func (n names) table(t string) string {
 // function builds the statement's change set from its transition tables
 // and hands it to the feed's write function, which applies Write's rules;
 // an UPDATE hands, as tombstones, the keys of old rows no new row has, and
-// the new rows' documents after them, so a key that changed leaves a
-// tombstone (the write function's compaction keeps a key's last change
-// should the two still meet). TRUNCATE moves the feed to a new generation.
+// the new rows' documents, so a key that changed leaves a tombstone and a
+// key that stayed has its new document. TRUNCATE moves the feed to a new generation.
 func (s *Store) captureDDL(c *capture) string {
 	feedLit, chanLit := quoteLiteral(string(c.spec.Feed)), quoteLiteral(s.names.channel)
 	write, reset := s.names.table("write"), s.names.table("reset")
@@ -373,11 +372,11 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         SELECT array_agg(%[4]s), array_agg(%[5]s) INTO k, d FROM kairos_new AS r;
     ELSIF TG_OP = 'UPDATE' THEN
-        SELECT array_agg(c.key ORDER BY c.ord), array_agg(c.doc ORDER BY c.ord) INTO k, d FROM (
-            SELECT %[4]s AS key, NULL::jsonb AS doc, 1 AS ord FROM kairos_old AS r
+        SELECT array_agg(c.key), array_agg(c.doc) INTO k, d FROM (
+            SELECT %[4]s AS key, NULL::jsonb AS doc FROM kairos_old AS r
             WHERE NOT EXISTS (SELECT FROM kairos_new AS n WHERE %[10]s)
             UNION ALL
-            SELECT %[4]s, %[5]s, 2 FROM kairos_new AS r
+            SELECT %[4]s, %[5]s FROM kairos_new AS r
         ) AS c;
     ELSIF TG_OP = 'DELETE' THEN
         SELECT array_agg(%[4]s), array_agg(NULL::jsonb) INTO k, d FROM kairos_old AS r;
@@ -410,8 +409,8 @@ $kairos$;
 
 // sameKey is the condition that the new row n has the old row r's key,
 // column by column, so an UPDATE writes tombstones only for the keys it
-// moved away from (the write function's compaction would drop the others
-// anyway, at the cost of a set twice as large).
+// moved away from, and its change set has each key once, as the write
+// function needs.
 func (c *capture) sameKey() string {
 	var conds []string
 	for _, k := range c.key {
@@ -475,7 +474,7 @@ func (s *Store) captureTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // spec.Feed: statement-level AFTER triggers that write, in the writing
 // transaction itself, the feed rows of every INSERT, UPDATE and DELETE of
 // the table (COPY and INSERT … ON CONFLICT included), by Write's rules:
-// under the feed lock, compacted by key, in commit order, notified. A
+// under the feed lock, one row per key, in commit order, notified. A
 // TRUNCATE moves the feed to a new generation (see the package doc's
 // # Capture). Everything is checked before anything is installed (an
 // *feed.InvalidError names the spec's field), and the whole install is one

@@ -130,12 +130,13 @@
 // statement's transition tables into one change set, so an UPDATE of 100k
 // rows is one feed write, and hand it to the schema's write function
 // (<prefix>write, from migration 3): Write's statement as a function, with
-// the same lock, seqs, compaction, notification and refusals. That function
-// is the one place a write mode lives; every installed trigger calls it, so
-// another mode changes it, not the triggers. An UPDATE gives the old rows'
-// keys as tombstones and the new rows' documents after them; the function
-// keeps each key's last change, so a key that stayed has its new document
-// and a key that changed leaves a tombstone. A TRUNCATE moves the feed to a
+// the same lock, seqs, notification and refusals. That function is the one
+// place a write mode lives; every installed trigger calls it, so another
+// mode changes it, not the triggers. A change set has each key once (the
+// function's comment says why that holds): an UPDATE gives the new rows'
+// documents, and tombstones for the keys of old rows no new row has, so a
+// key that changed leaves a tombstone. A transaction that writes a key again
+// replaces its row, as Write does: one row per key. A TRUNCATE moves the feed to a
 // new generation, emptied (the <prefix>reset function, ResetTx's two
 // statements): every sink fills a fresh, empty copy and publishes it at
 // once, where tombstoning each key would cost a row per key that stays

@@ -31,15 +31,18 @@ CREATE TABLE IF NOT EXISTS {{table "backfills"}} (
 );
 
 -- write is Write's statement as a function over one change set: keys[i]
--- gets docs[i], a NULL document a tombstone. It refuses what the feed
--- refuses (a NULL or empty key, one over 512 bytes, a JSON null document)
--- with SQLSTATE 22023, keeps each key's last change (so a set that
--- tombstones a key and writes it again leaves the document), then, in one
--- statement as Write does, takes the feed lock by adding the number of keys
--- to the head, upserts the rows at the seqs handed out (in key order: one
--- set commits whole, so the order within it is free) and notifies channel.
--- An empty set writes nothing and takes no lock. It returns the head, NULL
--- when it wrote nothing.
+-- gets docs[i], a NULL document a tombstone. The keys must be distinct,
+-- as Write's are once compacted: a capture's set is (a statement's rows are
+-- distinct by their unique key, and an UPDATE's tombstones are only the keys
+-- no new row has), and so is a backfill batch; a set with a repeated key
+-- fails with the upsert's own error (SQLSTATE 21000), writing nothing. It
+-- refuses what the feed refuses (a NULL or empty key, one over 512 bytes, a
+-- JSON null document) with SQLSTATE 22023, then, in one statement as Write
+-- does, takes the feed lock by adding the number of changes to the head,
+-- upserts the rows at the seqs handed out, in the set's order, and
+-- notifies channel. An empty set writes nothing and takes no lock. It
+-- returns the head, NULL when it wrote nothing. A transaction that writes a
+-- key again replaces its row: one row per key, at its last seq.
 CREATE OR REPLACE FUNCTION {{table "write"}}(feed_name text, keys text[], docs jsonb[], channel text)
 RETURNS bigint LANGUAGE plpgsql AS $kairos$
 DECLARE
@@ -63,20 +66,14 @@ BEGIN
     IF FOUND THEN
         RAISE EXCEPTION 'kairos: feed %: %', feed_name, bad USING ERRCODE = '22023';
     END IF;
-    WITH c AS MATERIALIZED (
-        SELECT DISTINCT ON (u.key) u.key, u.doc
-        FROM unnest(keys, docs) WITH ORDINALITY AS u(key, doc, ord)
-        ORDER BY u.key, u.ord DESC
-    ), n AS (
-        SELECT count(*) AS n FROM c
-    ), g AS (
-        INSERT INTO {{table "generations"}} AS g (feed, head) SELECT feed_name, n.n FROM n
+    WITH g AS (
+        INSERT INTO {{table "generations"}} AS g (feed, head) VALUES (feed_name, cardinality(keys))
         ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head
         RETURNING g.head
     ), w AS (
         INSERT INTO {{table "rows"}} AS r (feed, key, seq, doc)
-        SELECT feed_name, c.key, g.head - n.n + row_number() OVER (), c.doc
-        FROM g, n, c
+        SELECT feed_name, c.key, g.head - cardinality(keys) + c.ord, c.doc
+        FROM g, unnest(keys, docs) WITH ORDINALITY AS c(key, doc, ord)
         ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc
     )
     SELECT g.head INTO h FROM g, LATERAL (SELECT pg_notify(channel, feed_name)) AS notified;
