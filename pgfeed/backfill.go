@@ -215,7 +215,14 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 	// Batches run in READ COMMITTED whatever the session's default, so
 	// that each statement reads a snapshot of its own start: the one after
 	// the feed lock must see every writer the lock waited for.
+	// A pool or a connection says so in its BEGIN; any other DBTX in a
+	// statement of its own.
 	readCommitted := func(fn func(pgx.Tx) error) error {
+		if b, ok := s.db.(interface {
+			BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+		}); ok {
+			return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+		}
 		return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`); err != nil {
 				return fail("beginning a batch", err)
