@@ -560,7 +560,8 @@ func (s *Store) Uncapture(ctx context.Context, f feed.FeedName) (bool, error) {
 	return found, err
 }
 
-// Captures lists the installed captures, by feed.
+// Captures lists the installed captures, by feed. Key is the spec's as
+// given: empty for a capture keyed on the primary key. Changed is false.
 func (s *Store) Captures(ctx context.Context) ([]CaptureInfo, error) {
 	rows, err := s.db.Query(ctx, `SELECT feed, table_schema, table_name, spec, version FROM `+s.names.table("captures")+` ORDER BY feed`)
 	if err != nil {
