@@ -594,7 +594,7 @@ func SplitKey(key feed.Key) ([]string, error) {
 			case strings.HasPrefix(p[j:], "%2F"):
 				b.WriteByte('/')
 			default:
-				return nil, feed.Invalid("key", "%q has a %% at offset %d that is neither %%25 nor %%2F; it is not a capture key of several columns", key, j)
+				return nil, feed.Invalid("key", "%q has a %% in its part %d that is neither %%25 nor %%2F; it is not a capture key of several columns", key, i+1)
 			}
 			j += 2
 		}

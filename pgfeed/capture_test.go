@@ -1,7 +1,6 @@
 package pgfeed_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -663,4 +662,24 @@ func TestCaptureCommitOrder(t *testing.T) {
 	e.same(t, "commit order", f, e.want(t, `SELECT id, to_jsonb(r)::text FROM `+insert+` AS r`))
 }
 
-var _ = context.Background
+// TestSplitKey: the composite-key encoding round-trips the encoding's own
+// characters, and a key that is not of that shape is refused.
+func TestSplitKey(t *testing.T) {
+	t.Parallel()
+	for key, want := range map[string][]string{
+		"a%2Fb/1":   {"a/b", "1"},
+		"50%25/%2F": {"50%", "/"},
+		"x":         {"x"},
+		"/":         {"", ""},
+	} {
+		got, err := pgfeed.SplitKey(feed.Key(key))
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("SplitKey(%q) = %q, %v; want %q", key, got, err, want)
+		}
+	}
+	for _, bad := range []string{"50%/1", "a%2/b", "%"} {
+		if _, err := pgfeed.SplitKey(feed.Key(bad)); err == nil {
+			t.Errorf("SplitKey(%q) accepted a stray %%", bad)
+		}
+	}
+}
