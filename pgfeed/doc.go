@@ -187,12 +187,12 @@
 //
 // An application needs Migrate, New, Write (or WriteCommitted) or Capture and
 // Backfill, ResetTx for a rebuild, Describe, RetryParked, CollectTombstones
-// and RemoveSink, and hands the store to a syncer.Runner. The rest of the exported surface is what the
-// sync driver and the read side build on, for a driver or a decorator of your
-// own: AcquireLease, ReadCursor, CASCursor, ReadParked, ReadBatch, Head,
-// Generation and Subscribe (the driver's loop; syncer runs it), BindTx and
-// LockTx (pgread.WithFeed's binding of a feed to a projection, and its lock
-// order).
+// and RemoveSink, and hands the store to a syncer.Runner. The rest of the
+// exported surface is what the sync driver and the read side build on, for a
+// driver or a decorator of your own: AcquireLease, ReadCursor, CASCursor,
+// ReadParked, ReadBatch, Head, Generation and Subscribe (the driver's loop;
+// syncer runs it), BindTx and LockTx (pgread.WithFeed's binding of a feed to
+// a projection, and its lock order).
 //
 // # Failures
 //
