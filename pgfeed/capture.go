@@ -531,25 +531,32 @@ func (s *Store) Uncapture(ctx context.Context, f feed.FeedName) (bool, error) {
 	}
 	var found bool
 	err := s.captureTx(ctx, func(tx pgx.Tx) error {
-		var schema, table string
-		err := tx.QueryRow(ctx, `DELETE FROM `+s.names.table("captures")+` WHERE feed = $1::text RETURNING table_schema, table_name`, string(f)).Scan(&schema, &table)
+		err := tx.QueryRow(ctx, `DELETE FROM `+s.names.table("captures")+` WHERE feed = $1::text RETURNING true`, string(f)).Scan(&found)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil
 		case err != nil:
 			return feed.WriteFailed("removing the capture of feed "+string(f), err)
 		}
-		found = true
-		fn, triggers := s.names.captureNames(f)
-		var b strings.Builder
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1::text) IS NOT NULL`, quoteIdent(schema)+"."+quoteIdent(table)).Scan(&exists); err != nil {
+		// The triggers are found by the function they call, not by the
+		// recorded table's name, so a table renamed since still loses them.
+		fn, _ := s.names.captureNames(f)
+		rows, err := tx.Query(ctx, `SELECT tgrelid::regclass::text, tgname::text FROM pg_catalog.pg_trigger
+WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
+		if err != nil {
 			return feed.Unreadable("reading the catalog", err)
 		}
-		if exists {
-			for _, t := range triggers {
-				fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s.%s;\n", quoteIdent(t), quoteIdent(schema), quoteIdent(table))
-			}
+		type trig struct{ table, name string }
+		trigs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (trig, error) {
+			var t trig
+			return t, r.Scan(&t.table, &t.name)
+		})
+		if err != nil {
+			return feed.Unreadable("reading the catalog", err)
+		}
+		var b strings.Builder
+		for _, t := range trigs {
+			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t.name), t.table)
 		}
 		fmt.Fprintf(&b, "DROP FUNCTION IF EXISTS %s();\nDELETE FROM %s WHERE feed = %s;\n", fn, s.names.table("backfills"), quoteLiteral(string(f)))
 		if _, err := tx.Exec(ctx, b.String(), pgx.QueryExecModeSimpleProtocol); err != nil {
