@@ -38,7 +38,9 @@ type CaptureSpec struct {
 	// types must print the same text in every session (integers, numeric,
 	// text types, uuid, boolean, enums, and domains over them). The key is
 	// one column's text, or, for several, each column's text with "%" written
-	// "%25" and "/" written "%2F", joined by "/" (SplitKey undoes it).
+	// "%25" and "/" written "%2F", joined by "/" (SplitKey undoes it). A
+	// row whose key columns hold a NULL fails the writer's statement, as a
+	// key the feed refuses does (see the package doc's # Capture).
 	// Defaults to the primary key's columns.
 	Key []string
 	// Include names the columns the document keeps; Exclude the columns it
