@@ -61,6 +61,9 @@ type Sizes struct {
 	SinkApplyRecs  int           // sink apply rates: records per run
 	ScrapeSinks    int           // M: sinks, each Backlog rows behind
 	Scrapes        int           // M: timed scrapes per run
+	CaptureRows    int           // K update: rows one UPDATE changes
+	CaptureUpdates int           // K update: timed UPDATEs per side and run
+	BackfillRows   int           // K backfill: rows of the table
 }
 
 // FullSizes are the sizes.
@@ -72,6 +75,7 @@ var FullSizes = Sizes{
 	Tombstones: 100_000, DescribeSinks: 10, DescribeCalls: 3,
 	SinkApplyBatch: 500, SinkApplyRecs: 200_000,
 	ScrapeSinks: 10, Scrapes: 300,
+	CaptureRows: 10_000, CaptureUpdates: 10, BackfillRows: 1_000_000,
 }
 
 // TinySizes keep every code path of the full run at a size CI can afford.
@@ -83,6 +87,7 @@ var TinySizes = Sizes{
 	Tombstones: 1_000, DescribeSinks: 3, DescribeCalls: 2,
 	SinkApplyBatch: 500, SinkApplyRecs: 5_000,
 	ScrapeSinks: 3, Scrapes: 20,
+	CaptureRows: 500, CaptureUpdates: 2, BackfillRows: 3_000,
 }
 
 // env is what every measurement shares: the database and the sizes.

@@ -55,6 +55,7 @@ var measurements = []measurement{
 	{"S", (*env).measureBleve, false},
 	{"S", (*env).measureNats, false},
 	{"S", (*env).measureRedis, false},
+	{"K", (*env).measureCapture, false},
 	{"X", (*env).measureExperiments, true},
 }
 
@@ -96,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	tiny := fs.Bool("tiny", false, "run every row at a tiny size (the CI smoke run)")
 	runs := fs.Int("runs", 0, "measured runs per row (default 3, 1 with -tiny)")
-	only := fs.String("only", "", "comma-separated groups to run: P1,P2,P3,P4,P5,P6,D,C,M,S, and X (experiments on P6, never run by default)")
+	only := fs.String("only", "", "comma-separated groups to run: P1,P2,P3,P4,P5,P6,D,C,M,S,K, and X (experiments on P6, never run by default)")
 	cpuprofile := fs.String("cpuprofile", "", "write the harness's CPU profile to this file")
 	stmts := fs.Bool("stmts", false, "after each group, print its statements by client-side time")
 	if err := fs.Parse(args); err != nil {

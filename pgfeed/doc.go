@@ -120,16 +120,79 @@
 // does not deliver (the listener detects it and logs a warning); give
 // Options.Listen a direct connection, or rely on the workers' polling.
 //
+// # Capture
+//
+// Capture makes a plain table write its own feed: whatever writes the table
+// (the application, psql, another service, a migration, COPY), the feed rows
+// are written in that transaction, so they commit with it or not at all.
+// Three statement-level AFTER triggers (INSERT, UPDATE, DELETE; PostgreSQL
+// allows transition tables only on a trigger of one event) turn the
+// statement's transition tables into one change set, so an UPDATE of 100k
+// rows is one feed write, and hand it to the schema's write function
+// (<prefix>write, from migration 3): Write's statement as a function, with
+// the same lock, seqs, notification and refusals. That function is the one
+// place a write mode lives; every installed trigger calls it, so another
+// mode changes it, not the triggers. A change set has each key once (the
+// function's comment says why that holds): an UPDATE gives the new rows'
+// documents, and tombstones for the keys of old rows no new row has, so a
+// key that changed leaves a tombstone. A transaction that writes a key again
+// replaces its row, as Write does: one row per key. A TRUNCATE moves the feed to a
+// new generation, emptied (the <prefix>reset function, ResetTx's two
+// statements): every sink fills a fresh, empty copy and publishes it at
+// once, where tombstoning each key would cost a row per key that stays
+// until collected, and a TRUNCATE trigger has no transition table to say
+// which keys went anyway.
+//
+// What the trigger cannot make a valid change fails the writer's statement
+// with SQLSTATE 22023, as Write refuses it: a NULL, empty or over-long key,
+// or a document that is JSON null. A document from to_jsonb is always one
+// PostgreSQL stores (text cannot hold NUL, so no \u0000 appears; NaN and
+// infinities become strings), and a key's text is valid UTF-8 in a UTF8
+// database, the only kind Capture accepts. Key columns must have a type
+// whose text no session setting changes (CaptureSpec.Key lists them), so
+// every writer makes the same key of the same row.
+//
+// The cost is the trigger's work and the feed lock: captured writers of one
+// feed serialise from their first captured statement to their commit, as
+// Write's callers do. Writes made with triggers disabled (session_replication_role
+// = replica, as pg_restore and logical replication apply do) are not
+// captured; a Backfill afterwards repairs the feed. The roles that write the
+// table need the rights Write needs on the feed's tables and EXECUTE on the
+// functions. Capture, Uncapture and their SQL (CaptureSQL) serialise on an
+// advisory transaction lock of the schema and prefix; a repeated Capture
+// finds the same version installed and changes nothing.
+//
+// # Backfill
+//
+// Backfill copies the rows a table already holds with the capture's own key
+// and document. In place, each batch is a transaction that takes the feed
+// lock in a statement of its own first and only then reads its rows, in
+// READ COMMITTED, so its read takes a snapshot after the lock: every
+// captured writer that wrote the feed before it has committed and is seen,
+// and every writer after it waits for the lock and gets a higher seq. A
+// copy is therefore never older than a feed row below it, and a writer's
+// later change always lands above the copy: the trigger's writes win over
+// the backfill's, never the reverse, without a per-key comparison. (A
+// writer whose statement changed a row but whose trigger has not yet run
+// holds no lock; the batch copies the row as committed, and the writer's
+// trigger then writes above it.) Writers wait at most one batch. Each
+// batch records its position (the last key's columns) in the same
+// transaction, so a backfill killed at any point resumes after the last
+// committed batch and copies no row twice. With NewGeneration the copy is
+// one transaction that resets the feed first and holds the lock until its
+// commit: sinks see the new generation complete or not at all, which is the
+// table-shaped rebuild.
+//
 // # For implementers
 //
-// An application needs Migrate, New, Write (or WriteCommitted), ResetTx for a
-// rebuild, Describe, RetryParked, CollectTombstones and RemoveSink, and hands
-// the store to a syncer.Runner. The rest of the exported surface is what the
-// sync driver and the read side build on, for a driver or a decorator of your
-// own: AcquireLease, ReadCursor, CASCursor, ReadParked, ReadBatch, Head,
-// Generation and Subscribe (the driver's loop; syncer runs it), BindTx and
-// LockTx (pgread.WithFeed's binding of a feed to a projection, and its lock
-// order).
+// An application needs Migrate, New, Write (or WriteCommitted) or Capture and
+// Backfill, ResetTx for a rebuild, Describe, RetryParked, CollectTombstones
+// and RemoveSink, and hands the store to a syncer.Runner. The rest of the
+// exported surface is what the sync driver and the read side build on, for a
+// driver or a decorator of your own: AcquireLease, ReadCursor, CASCursor,
+// ReadParked, ReadBatch, Head, Generation and Subscribe (the driver's loop;
+// syncer runs it), BindTx and LockTx (pgread.WithFeed's binding of a feed to
+// a projection, and its lock order).
 //
 // # Failures
 //

@@ -62,7 +62,7 @@ because another process holds a lease.`,
 			}
 		}
 	}
-	root.AddCommand(c.versionCmd(), c.configCmd(), c.migrateCmd(), c.describeCmd(), c.parkedCmd(), c.sinkCmd(), c.collectCmd(), c.traceCmd(), c.runCmd(), c.demoCmd())
+	root.AddCommand(c.versionCmd(), c.configCmd(), c.migrateCmd(), c.describeCmd(), c.parkedCmd(), c.sinkCmd(), c.collectCmd(), c.traceCmd(), c.runCmd(), c.demoCmd(), c.captureCmd(), c.backfillCmd())
 	return root
 }
 

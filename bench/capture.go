@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/pgfeed"
+)
+
+// measureCapture is group K, table capture (issue 14): what the capture
+// trigger costs plain-SQL writers, and the backfill's rate.
+//
+//   - K update: one UPDATE of CaptureRows rows of a captured table against
+//     the same UPDATE of an identical table without the trigger, in the same
+//     schema, the two taking turns statement by statement; milliseconds per
+//     statement, each side's median over CaptureUpdates statements.
+//   - K update floor: the captured UPDATE against the same UPDATE plus the
+//     same rows upserted raw into a table built like the feed's, in one
+//     transaction: the trigger's own overhead above the write it must do.
+//   - K writers: Writers concurrent writers commit single-row upserts into
+//     a captured table, against the same into a table without the trigger,
+//     for WritersFor each, one after the other; commits per second. The
+//     trigger writes in the feed's locked mode, so the captured writers
+//     serialise on the feed lock from their write to their commit.
+//   - K backfill: an in-place Backfill of a BackfillRows-row table, against
+//     a raw keyset scan of the same table that reads each row's key and
+//     to_jsonb document to the client in batches of the same size; rows per
+//     second.
+func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
+	sz := e.sizes
+	admin, err := e.pool(ctx, int32(sz.Writers)+2, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	var upd, updBase, updFloor, wr, wrBase, bf, bfBase []float64
+	for r := range sz.Runs {
+		if err := func() error {
+			s, err := e.newSchema(ctx, admin)
+			if err != nil {
+				return err
+			}
+			defer s.drop()
+			st, err := s.store(ctx, admin)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			a, b, c, err := e.captureUpdate(ctx, admin, s, st, r)
+			if err != nil {
+				return err
+			}
+			upd, updBase, updFloor = append(upd, a), append(updBase, b), append(updFloor, c)
+			a, b, err = e.captureWriters(ctx, admin, s, st, r)
+			if err != nil {
+				return err
+			}
+			wr, wrBase = append(wr, a), append(wrBase, b)
+			a, b, err = e.captureBackfill(ctx, admin, s, st, r)
+			if err != nil {
+				return err
+			}
+			bf, bfBase = append(bf, a), append(bfBase, b)
+			return nil
+		}(); err != nil {
+			return nil, err
+		}
+	}
+	return []Row{
+		newRow("K update", fmt.Sprintf("one UPDATE of %d rows of a captured table (the trigger writes %d feed rows); baseline: the same UPDATE without the trigger", sz.CaptureRows, sz.CaptureRows),
+			"ms", upd, updBase, "figure/baseline", div, "≤ 1.5×", func(_, r float64) bool { return r <= 1.5 }),
+		newRow("K update floor", "the same captured UPDATE; baseline: the same UPDATE and, in its transaction, the same rows upserted into a table like the feed's by one statement (what any feed write costs at least)",
+			"ms", upd, updFloor, "figure/baseline", div, "", nil),
+		newRow("K writers", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (locked mode), commit rate; baseline: the same without the trigger", sz.Writers),
+			"commits/s", wr, wrBase, "figure/baseline", div, "", nil),
+		newRow("K backfill", fmt.Sprintf("in-place backfill of a %d-row table, batches of %d; baseline: a raw keyset scan of the table reading each row's key and to_jsonb", sz.BackfillRows, pgfeed.DefaultBackfillBatch),
+			"rows/s", bf, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
+	}, nil
+}
+
+// captureTables creates two identical tables of n rows, name_cap (captured
+// into feed name) and name_raw.
+func captureTables(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, name string, n int) (capd, raw string, err error) {
+	capd, raw = s.qualify(name+"_cap"), s.qualify(name+"_raw")
+	for _, t := range []string{capd, raw} {
+		if err := fillTable(ctx, admin, t, n); err != nil {
+			return "", "", err
+		}
+		if _, err := admin.Exec(ctx, `VACUUM (ANALYZE) `+t); err != nil {
+			return "", "", err
+		}
+	}
+	_, err = st.Capture(ctx, pgfeed.CaptureSpec{Feed: feed.FeedName("k_" + name), Schema: s.name, Table: name + "_cap"})
+	return capd, raw, err
+}
+
+func (e *env) captureUpdate(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (capd, base, floor float64, err error) {
+	sz := e.sizes
+	capT, raw, err := captureTables(ctx, admin, s, st, "upd", sz.CaptureRows)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	// The floor: the same UPDATE, and the same rows upserted into a table
+	// built like the feed's, in one transaction; what any feed written in
+	// the transaction must cost at least.
+	fl, ff := s.qualify("upd_floor"), s.qualify("upd_floor_rows")
+	if err := fillTable(ctx, admin, fl, sz.CaptureRows); err != nil {
+		return 0, 0, 0, err
+	}
+	if _, err := admin.Exec(ctx, `CREATE TABLE `+ff+` (LIKE `+s.table("rows")+` INCLUDING ALL)`); err != nil {
+		return 0, 0, 0, err
+	}
+	var next int64
+	sides := [3]func() error{
+		func() error { _, err := admin.Exec(ctx, `UPDATE `+capT+` SET n = n + 1`); return err },
+		func() error { _, err := admin.Exec(ctx, `UPDATE `+raw+` SET n = n + 1`); return err },
+		func() error {
+			next += int64(sz.CaptureRows)
+			return pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `UPDATE `+fl+` SET n = n + 1`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO `+ff+` AS f (feed, key, seq, doc)
+SELECT 'k', r.id::text, $1::bigint + r.id, to_jsonb(r) FROM `+fl+` AS r
+ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`, next)
+				return err
+			})
+		},
+	}
+	var per [3][]float64
+	for i := range sz.CaptureUpdates + 1 { // the first round is the warm-up
+		for j := range 3 {
+			k := (i + j + run) % 3
+			start := time.Now()
+			if err := sides[k](); err != nil {
+				return 0, 0, 0, err
+			}
+			if i > 0 {
+				per[k] = append(per[k], float64(time.Since(start).Nanoseconds())/1e6)
+			}
+		}
+	}
+	return summarize(per[0]).Median, summarize(per[1]).Median, summarize(per[2]).Median, nil
+}
+
+func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (float64, float64, error) {
+	sz := e.sizes
+	capd, raw, err := captureTables(ctx, admin, s, st, "wr", 1)
+	if err != nil {
+		return 0, 0, err
+	}
+	rate := func(t string) (float64, error) {
+		q := `INSERT INTO ` + t + ` (id, n, name, pad) VALUES ($1::int, 0, $2::text, 'x') ON CONFLICT (id) DO UPDATE SET n = ` + t + `.n + 1`
+		var commits atomic.Int64
+		var firstErr error
+		var once sync.Once
+		writeFor := func(d time.Duration, count bool) {
+			var wg sync.WaitGroup
+			stop := time.Now().Add(d)
+			for w := range sz.Writers {
+				wg.Go(func() {
+					for i := 0; time.Now().Before(stop); i++ {
+						id := w*10_000_000 + i%100_000
+						if _, err := admin.Exec(ctx, q, id, fmt.Sprintf("item-%d", id)); err != nil {
+							once.Do(func() { firstErr = err })
+							return
+						}
+						if count {
+							commits.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+		}
+		writeFor(sz.WritersFor/5, false)
+		start := time.Now()
+		writeFor(sz.WritersFor, true)
+		if firstErr != nil {
+			return 0, firstErr
+		}
+		return float64(commits.Load()) / time.Since(start).Seconds(), nil
+	}
+	tables := []string{capd, raw}
+	var out [2]float64
+	for j := range 2 {
+		k := (j + run) % 2
+		if out[k], err = rate(tables[k]); err != nil {
+			return 0, 0, err
+		}
+	}
+	return out[0], out[1], nil
+}
+
+func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (float64, float64, error) {
+	sz := e.sizes
+	t := s.qualify("bf")
+	if err := fillTable(ctx, admin, t, sz.BackfillRows); err != nil {
+		return 0, 0, err
+	}
+	if _, err := admin.Exec(ctx, `VACUUM (ANALYZE) `+t); err != nil {
+		return 0, 0, err
+	}
+	if _, err := st.Capture(ctx, pgfeed.CaptureSpec{Feed: "k_bf", Schema: s.name, Table: "bf"}); err != nil {
+		return 0, 0, err
+	}
+	backfill := func() (float64, error) {
+		start := time.Now()
+		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: "k_bf", Progress: func(pgfeed.BackfillProgress) {}})
+		if err != nil {
+			return 0, err
+		}
+		return float64(res.Rows) / time.Since(start).Seconds(), nil
+	}
+	scan := func() (float64, error) {
+		start := time.Now()
+		var n int64
+		after := int32(0)
+		for {
+			rows, err := admin.Query(ctx, `SELECT r.id, r.id::text, to_jsonb(r)::text FROM `+t+` AS r WHERE r.id > $1::int ORDER BY r.id LIMIT $2::int`, after, pgfeed.DefaultBackfillBatch)
+			if err != nil {
+				return 0, err
+			}
+			got := 0
+			var key, doc string
+			for rows.Next() {
+				if err := rows.Scan(&after, &key, &doc); err != nil {
+					return 0, err
+				}
+				got++
+			}
+			if err := rows.Err(); err != nil {
+				return 0, err
+			}
+			n += int64(got)
+			if got < pgfeed.DefaultBackfillBatch {
+				break
+			}
+		}
+		return float64(n) / time.Since(start).Seconds(), nil
+	}
+	// The scan first on even runs, the backfill first on odd ones; the feed
+	// is emptied before each backfill, so each copies into an empty feed.
+	var out [2]float64
+	for j := range 2 {
+		var err error
+		switch (j + run) % 2 {
+		case 0:
+			if _, err = admin.Exec(ctx, `DELETE FROM `+s.table("rows")+` WHERE feed = 'k_bf'`); err == nil {
+				_, err = admin.Exec(ctx, `VACUUM `+s.table("rows"))
+			}
+			if err == nil {
+				out[0], err = backfill()
+			}
+		case 1:
+			out[1], err = scan()
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	return out[0], out[1], nil
+}
+
+// fillTable creates table t with rows 1..n of about 170 bytes each.
+func fillTable(ctx context.Context, admin *pgxpool.Pool, t string, n int) error {
+	if _, err := admin.Exec(ctx, `CREATE TABLE `+t+` (id int PRIMARY KEY, n int NOT NULL, name text NOT NULL, pad text NOT NULL)`); err != nil {
+		return err
+	}
+	_, err := admin.Exec(ctx, `INSERT INTO `+t+` SELECT i, 0, 'item-' || i, repeat(md5(i::text), 4) FROM generate_series(1, $1::int) AS i`, n)
+	return err
+}

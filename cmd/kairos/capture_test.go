@@ -1,0 +1,58 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/internal/pgtest"
+)
+
+func TestCaptureAndBackfillVerbs(t *testing.T) {
+	schema := pgtest.Schema(t)
+	cfg, st := migratedOn(t, schema)
+	ctx := t.Context()
+	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	table := `"` + schema + `".items`
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id int PRIMARY KEY, name text, secret text)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` SELECT i, 'n' || i, 's' FROM generate_series(1, 25) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, stderr := kairos(t, "capture", "add", "items", schema+".items", "--exclude", "secret", "-c", cfg); code != exitOK || !strings.HasPrefix(out, "installed: "+schema+".items -> feed items, key id") {
+		t.Fatalf("capture add = exit %d, %q, %q", code, out, stderr)
+	}
+	if code, out, _ := kairos(t, "capture", "add", "items", schema+".items", "--exclude", "secret", "-c", cfg); code != exitOK || !strings.HasPrefix(out, "unchanged: ") {
+		t.Fatalf("a second capture add = exit %d, %q", code, out)
+	}
+	if code, out, _ := kairos(t, "capture", "add", "items", schema+".items", "--print", "-c", cfg); code != exitOK || !strings.Contains(out, "CREATE TRIGGER") {
+		t.Fatalf("capture add --print = exit %d, %q", code, out)
+	}
+	if code, out, _ := kairos(t, "capture", "list", "-c", cfg); code != exitOK || !strings.Contains(out, "items") || !strings.Contains(out, "(primary key)") {
+		t.Fatalf("capture list = exit %d, %q", code, out)
+	}
+	if code, _, stderr := kairos(t, "capture", "add", "other", schema+".items", "--key", "nope", "-c", cfg); code != exitUsage || !strings.Contains(stderr, `"nope"`) {
+		t.Fatalf("capture add with an unknown key column = exit %d, %q; want %d naming it", code, stderr, exitUsage)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET name = 'changed' WHERE id <= 5`); err != nil {
+		t.Fatal(err)
+	}
+	if head, err := st.Head(ctx, "items"); err != nil || head != 5 {
+		t.Fatalf("after an update of 5 rows the head is %d, %v; want 5", head, err)
+	}
+	code, out, stderr := kairos(t, "backfill", "items", "--batch", "10", "-c", cfg)
+	if code != exitOK || !strings.HasPrefix(out, "backfilled 25 rows into feed items") || !strings.Contains(stderr, "rows/s") {
+		t.Fatalf("backfill = exit %d, %q, %q", code, out, stderr)
+	}
+	if code, _, _ := kairos(t, "backfill", "none", "-c", cfg); code != exitUsage {
+		t.Fatalf("backfill of a feed that captures nothing = exit %d; want %d", code, exitUsage)
+	}
+	if code, out, _ := kairos(t, "capture", "remove", "items", "-c", cfg); code != exitOK || out != "removed the capture of feed items\n" {
+		t.Fatalf("capture remove = exit %d, %q", code, out)
+	}
+	if code, _, _ := kairos(t, "capture", "remove", "items", "-c", cfg); code != exitFailure {
+		t.Fatalf("a second capture remove = exit %d; want %d", code, exitFailure)
+	}
+}

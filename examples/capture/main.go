@@ -1,0 +1,221 @@
+// Command capture mirrors a plain table into a JSON-lines file without
+// touching the code that writes the table: pgfeed.Capture installs triggers
+// that write the table's feed in each writing transaction, Backfill copies
+// the rows that were there before, and a sync runner keeps the file in
+// step. Writers keep writing plain SQL throughout; half-way, the feed is
+// rebuilt from the table into a new generation (a table-shaped rebuild) and
+// the file is refilled and swapped in at once. At the end it checks that the
+// file holds exactly the table's rows.
+//
+// It runs against PostgreSQL (KAIROS_DATABASE_URL, default
+// postgres://postgres@127.0.0.1:5432/postgres), in a schema of its own,
+// kairos_capture, which it drops and creates again, and drops at the end.
+//
+//	go run ./examples/capture
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/pgfeed"
+	"github.com/kairos-es/kairos/sinks/file"
+	"github.com/kairos-es/kairos/syncer"
+)
+
+// out is where the example prints; its test captures it.
+var out io.Writer = os.Stdout
+
+const (
+	schema   = "kairos_capture"
+	feedName = feed.FeedName("products")
+	rows     = 5000
+)
+
+func main() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "kairos-capture-")
+	if err == nil {
+		err = run(ctx, os.Getenv("KAIROS_DATABASE_URL"), dir)
+		_ = os.RemoveAll(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "capture:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, url, dir string) error {
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/postgres"
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	// The application's table, with rows written before Kairos was there.
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE; CREATE SCHEMA `+schema+`;
+		CREATE TABLE `+schema+`.products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL, internal_note text);
+		INSERT INTO `+schema+`.products SELECT i, 'product ' || i, i % 100 + 0.99, 'not for the mirror'
+		FROM generate_series(1, `+fmt.Sprint(rows)+`) AS i`); err != nil {
+		return err
+	}
+	defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) }()
+
+	// 1. The feed store, and the capture: one call, idempotent.
+	opts := pgfeed.Options{Schema: schema, Logger: slog.New(slog.DiscardHandler)}
+	if _, err := pgfeed.Migrate(ctx, pool, opts); err != nil {
+		return err
+	}
+	feeds, err := pgfeed.New(ctx, pool, opts)
+	if err != nil {
+		return err
+	}
+	defer feeds.Close()
+	info, err := feeds.Capture(ctx, pgfeed.CaptureSpec{
+		Feed: feedName, Schema: schema, Table: "products",
+		Exclude: []string{"internal_note"},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "1. captured %s.%s into feed %s, keyed on %v\n", info.Schema, info.Table, info.Feed, info.Key)
+
+	// 2. A sink and a runner that mirror the feed into a file.
+	path := filepath.Join(dir, "products.jsonl")
+	sink, err := file.New(file.Options{Path: path})
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+	runner, err := syncer.NewRunner(feeds, []syncer.Target{{ID: feed.SinkID{Feed: feedName, Sink: "file"}, Sink: sink}},
+		syncer.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	rctx, stopRunner := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- runner.Run(rctx) }()
+	defer func() { stopRunner(); <-ran }()
+
+	// 3. Writers that know nothing of Kairos: plain SQL, from now to the end.
+	wctx, stopWriters := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var werr error
+	var once sync.Once
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 7))
+			for wctx.Err() == nil {
+				id := 1 + rnd.IntN(rows+500)
+				var err error
+				switch rnd.IntN(5) {
+				case 0:
+					_, err = pool.Exec(wctx, `DELETE FROM `+schema+`.products WHERE id = $1`, id)
+				case 1:
+					_, err = pool.Exec(wctx, `INSERT INTO `+schema+`.products VALUES ($1::int, 'new ' || $1::int, 9.99, 'x')
+						ON CONFLICT (id) DO UPDATE SET name = 'renamed ' || $1::int`, id)
+				default:
+					_, err = pool.Exec(wctx, `UPDATE `+schema+`.products SET price = price + 1 WHERE id BETWEEN $1::int AND $1::int + 9`, id)
+				}
+				if err != nil && wctx.Err() == nil {
+					once.Do(func() { werr = err })
+					return
+				}
+			}
+		}()
+	}
+
+	defer func() { stopWriters(); wg.Wait() }()
+
+	// 4. Backfill the rows that were there before the capture, in place,
+	// while the writers write.
+	progress := func(p pgfeed.BackfillProgress) {
+		if p.Done {
+			fmt.Fprintf(out, "   backfilled %d rows at %.0f rows/s\n", p.Rows, p.Rate)
+		}
+	}
+	res, err := feeds.Backfill(ctx, pgfeed.BackfillOptions{Feed: feedName, Progress: progress})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "2. backfill in place: feed at generation %d\n", res.Generation)
+
+	// 5. A table-shaped rebuild, half-way: the feed moves to a new
+	// generation filled from the table; the runner fills a fresh file and
+	// swaps it in.
+	time.Sleep(300 * time.Millisecond)
+	res, err = feeds.Backfill(ctx, pgfeed.BackfillOptions{Feed: feedName, NewGeneration: true, Progress: progress})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "3. rebuild: feed at generation %d\n", res.Generation)
+	time.Sleep(300 * time.Millisecond)
+	stopWriters()
+	wg.Wait()
+	if werr != nil {
+		return fmt.Errorf("a writer failed: %w", werr)
+	}
+
+	// 6. Once the runner has caught up, the file is the table.
+	if _, err := runner.WaitCaughtUp(ctx); err != nil {
+		return err
+	}
+	got, err := file.Read(path)
+	if err != nil {
+		return err
+	}
+	want := map[string]any{}
+	r, err := pool.Query(ctx, `SELECT id::text, to_jsonb(p) - 'internal_note' FROM `+schema+`.products AS p`)
+	if err != nil {
+		return err
+	}
+	for r.Next() {
+		var k string
+		var doc any
+		if err := r.Scan(&k, &doc); err != nil {
+			return err
+		}
+		want[k] = doc
+	}
+	if err := r.Err(); err != nil {
+		return err
+	}
+	mismatch := 0
+	for k, d := range got {
+		var doc any
+		if err := json.Unmarshal(d, &doc); err != nil {
+			return err
+		}
+		if !reflect.DeepEqual(doc, want[string(k)]) {
+			mismatch++
+		}
+	}
+	for k := range want {
+		if _, ok := got[feed.Key(k)]; !ok {
+			mismatch++
+		}
+	}
+	if mismatch > 0 {
+		return fmt.Errorf("the file differs from the table in %d keys", mismatch)
+	}
+	fmt.Fprintf(out, "4. the file holds the table's %d rows exactly\n", len(want))
+	return nil
+}

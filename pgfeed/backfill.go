@@ -1,0 +1,353 @@
+package pgfeed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// Defaults of BackfillOptions.
+const (
+	// DefaultBackfillBatch is how many rows one backfill batch copies. A
+	// batch holds the feed lock while it reads and writes, so captured
+	// writers of the table wait at most one batch (5000 rows took 0.1–0.3 s
+	// on the 2-core machine of BENCHMARKS.md); smaller batches wait less
+	// and copy slower, since each costs a commit and four round trips
+	// (1000-row batches copied about a quarter fewer rows a second).
+	DefaultBackfillBatch = 5000
+	// DefaultBackfillLogEvery is how often the default progress report
+	// logs.
+	DefaultBackfillLogEvery = 10 * time.Second
+)
+
+// BackfillOptions say which captured feed to fill from its table, and how.
+type BackfillOptions struct {
+	// Feed is a captured feed (see Capture); the backfill copies its table
+	// with the capture's own key and document. Required.
+	Feed feed.FeedName
+	// BatchSize is how many rows a batch copies. Must not be negative.
+	// Defaults to DefaultBackfillBatch.
+	BatchSize int
+	// NewGeneration copies the table into a new generation of the feed
+	// instead of in place: every sink fills a fresh copy and publishes it,
+	// and keys no longer in the table are gone from every sink. The whole
+	// copy is then one transaction holding the feed lock, so captured
+	// writers wait for it, and it is not resumable: a crash rolls it back
+	// and leaves the feed as it was. Defaults to false: in place, batch by
+	// batch, resumable.
+	NewGeneration bool
+	// Progress is called after every batch, and once at the end with Done
+	// set. Defaults to an Info log line through the store's Logger at most
+	// every DefaultBackfillLogEvery, and at the end.
+	Progress func(BackfillProgress)
+}
+
+// BackfillProgress is a backfill's progress after a batch.
+type BackfillProgress struct {
+	Feed feed.FeedName
+	// Rows is how many rows are copied, by this run and the runs it
+	// resumed.
+	Rows int64
+	// Total is the table's row count when the run started (the planner's
+	// estimate when it has one), 0 when unknown.
+	Total int64
+	// Rate is this run's rows per second.
+	Rate float64
+	// ETA is the time left at Rate, 0 when unknown.
+	ETA time.Duration
+	// Resumed says this run continued an earlier one that stopped.
+	Resumed bool
+	// Done says the table is copied.
+	Done bool
+}
+
+// BackfillResult says what a backfill did.
+type BackfillResult struct {
+	// Rows is how many rows are copied, resumed runs included.
+	Rows int64
+	// Resumed says the run continued an earlier one.
+	Resumed bool
+	// Generation is the feed's generation when the run ended.
+	Generation feed.Generation
+	// Head is the feed's head after the last batch.
+	Head feed.Seq
+}
+
+// backfillSQL are a backfill's statements for one capture.
+type backfillSQL struct {
+	// lock takes the feed lock (creating the generations row if need be)
+	// and returns the generation.
+	lock string
+	// first and next copy one batch ($1 the feed, $2 the batch size, $3
+	// the channel), from the start or after the position $4, write it, and
+	// record the progress, in one statement.
+	first, next string
+}
+
+func (s *Store) backfillStatements(c *capture) backfillSQL {
+	g := s.names.generations
+	var cols, order, pos, tuple, after []string
+	for i, k := range c.key {
+		q := "r." + quoteIdent(k.name)
+		cols = append(cols, fmt.Sprintf("%s AS o%d", q, i+1))
+		order = append(order, fmt.Sprintf("b.o%d", i+1))
+		pos = append(pos, fmt.Sprintf("(b.o%d)::text", i+1))
+		tuple = append(tuple, q)
+		after = append(after, fmt.Sprintf("($4::text[])[%d]::%s", i+1, k.typ))
+	}
+	batch := func(where string) string {
+		return `WITH b AS MATERIALIZED (
+	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
+	FROM ` + c.table + ` AS r` + where + `
+	ORDER BY ` + strings.Join(tuple, ", ") + `
+	LIMIT $2::bigint
+), n AS (
+	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
+), w AS (
+	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text) AS head FROM b
+), p AS (
+	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
+		updated_at = clock_timestamp(), finished_at = CASE WHEN n.rows < $2::bigint THEN clock_timestamp() END
+	FROM n WHERE f.feed = $1::text
+	RETURNING f.rows
+)
+SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
+	}
+	return backfillSQL{
+		lock: `INSERT INTO ` + g + ` AS g (feed) VALUES ($1::text)
+ON CONFLICT (feed) DO UPDATE SET head = g.head
+RETURNING g.generation, g.head`,
+		first: batch(""),
+		next:  batch("\n\tWHERE (" + strings.Join(tuple, ", ") + ") > (" + strings.Join(after, ", ") + ")"),
+	}
+}
+
+// Backfill copies every row of a captured feed's table into the feed, in
+// batches in the order of the capture's key, while the table's writers go
+// on; see the package doc's # Backfill for why a writer's change always
+// wins over the copy of the same row. In place (the default), each batch
+// commits with its position, and a backfill that stopped (a crash, ctx
+// cancelled) resumes there when run again; one that finished starts over.
+// With NewGeneration the copy is one transaction that moves the feed to a
+// new generation. It returns when the table is copied, or with ctx's error
+// (the batch in flight rolled back).
+func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillResult, error) {
+	if err := opts.Feed.Validate(); err != nil {
+		return BackfillResult{}, feed.Invalid("options.feed", "%v", err)
+	}
+	switch {
+	case opts.BatchSize < 0:
+		return BackfillResult{}, feed.Invalid("options.batch_size", "is %d; it must not be negative", opts.BatchSize)
+	case opts.BatchSize == 0:
+		opts.BatchSize = DefaultBackfillBatch
+	}
+	progress := opts.Progress
+	if progress == nil {
+		var last time.Time
+		progress = func(p BackfillProgress) {
+			if !p.Done && time.Since(last) < DefaultBackfillLogEvery {
+				return
+			}
+			last = time.Now()
+			s.logger.Info("pgfeed: backfill", "feed", string(p.Feed), "rows", p.Rows, "total", p.Total,
+				"rate", fmt.Sprintf("%.0f/s", p.Rate), "eta", p.ETA.Round(time.Second), "done", p.Done)
+		}
+	}
+
+	c, total, err := s.installedCapture(ctx, opts.Feed)
+	if err != nil {
+		return BackfillResult{}, err
+	}
+	st := s.backfillStatements(c)
+	f := string(opts.Feed)
+	bf := s.names.table("backfills")
+	fail := func(what string, err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("backfill of feed %s: %s: %w", f, what, ctx.Err())
+		}
+		return feed.WriteFailed("backfill of feed "+f+": "+what, err)
+	}
+
+	var (
+		res      BackfillResult
+		position []string
+		began    = time.Now()
+		copied   int64 // by this run
+	)
+	report := func(done bool) {
+		p := BackfillProgress{Feed: opts.Feed, Rows: res.Rows, Total: total, Resumed: res.Resumed, Done: done}
+		if secs := time.Since(began).Seconds(); secs > 0 {
+			p.Rate = float64(copied) / secs
+		}
+		if p.Rate > 0 && total > res.Rows && !done {
+			p.ETA = time.Duration(float64(total-res.Rows) / p.Rate * float64(time.Second))
+		}
+		progress(p)
+	}
+	// batch runs one batch in tx, which holds the feed lock, and says
+	// whether the table is copied.
+	batch := func(tx pgx.Tx) (bool, error) {
+		q, args := st.first, []any{f, int64(opts.BatchSize), s.names.channel}
+		if position != nil {
+			q, args = st.next, append(args, position)
+		}
+		var n int64
+		var head, rows *int64
+		var last []string
+		if err := tx.QueryRow(ctx, q, args...).Scan(&n, &head, &rows, &last); err != nil {
+			return false, fail("copying a batch", err)
+		}
+		if n > 0 {
+			position = last
+		}
+		if head != nil {
+			res.Head = feed.Seq(*head)
+		}
+		if rows != nil {
+			res.Rows = *rows
+		}
+		copied += n
+		return n < int64(opts.BatchSize), nil
+	}
+	// Batches run in READ COMMITTED whatever the session's default, so
+	// that each statement reads a snapshot of its own start: the one after
+	// the feed lock must see every writer the lock waited for.
+	// A pool or a connection says so in its BEGIN; any other DBTX in a
+	// statement of its own.
+	readCommitted := func(fn func(pgx.Tx) error) error {
+		if b, ok := s.db.(interface {
+			BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+		}); ok {
+			return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+		}
+		return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`); err != nil {
+				return fail("beginning a batch", err)
+			}
+			return fn(tx)
+		})
+	}
+
+	if opts.NewGeneration {
+		err := readCommitted(func(tx pgx.Tx) error {
+			var gen int64
+			if err := tx.QueryRow(ctx, `SELECT `+s.names.table("reset")+`($1::text, $2::text)`, f, s.names.channel).Scan(&gen); err != nil {
+				return fail("moving to a new generation", err)
+			}
+			res.Generation = feed.Generation(gen)
+			if _, err := tx.Exec(ctx, `INSERT INTO `+bf+` AS b (feed, version) VALUES ($1::text, $2::text)
+ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, rows = 0,
+	started_at = clock_timestamp(), updated_at = clock_timestamp(), finished_at = NULL`, f, c.version); err != nil {
+				return fail("recording the backfill", err)
+			}
+			for {
+				done, err := batch(tx)
+				if err != nil {
+					return err
+				}
+				report(false)
+				if done {
+					return nil
+				}
+			}
+		})
+		if err != nil {
+			return BackfillResult{}, err
+		}
+		report(true)
+		return res, nil
+	}
+
+	// In place: resume an unfinished run of the same capture version, or
+	// start one.
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var version string
+		var finished *time.Time
+		err := tx.QueryRow(ctx, `SELECT version, position, rows, finished_at FROM `+bf+` WHERE feed = $1::text FOR UPDATE`, f).Scan(&version, &position, &res.Rows, &finished)
+		switch {
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return fail("reading the backfill's progress", err)
+		case err == nil && finished == nil && version == c.version:
+			res.Resumed = true
+			return nil
+		}
+		position, res.Rows = nil, 0
+		_, err = tx.Exec(ctx, `INSERT INTO `+bf+` AS b (feed, version) VALUES ($1::text, $2::text)
+ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, rows = 0,
+	started_at = clock_timestamp(), updated_at = clock_timestamp(), finished_at = NULL`, f, c.version)
+		if err != nil {
+			return fail("recording the backfill", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return BackfillResult{}, err
+	}
+	for {
+		var done bool
+		err := readCommitted(func(tx pgx.Tx) error {
+			// The lock first, in a statement of its own: the batch's read
+			// then takes its snapshot after every captured writer before it
+			// has committed, and those after it wait for this commit.
+			var gen, head int64
+			if err := tx.QueryRow(ctx, st.lock, f).Scan(&gen, &head); err != nil {
+				return fail("taking the feed lock", err)
+			}
+			res.Generation, res.Head = feed.Generation(gen), feed.Seq(head)
+			var err error
+			done, err = batch(tx)
+			return err
+		})
+		if err != nil {
+			return res, err
+		}
+		report(done)
+		if done {
+			return res, nil
+		}
+	}
+}
+
+// installedCapture is f's capture as installed, resolved again (its spec
+// must still give the SQL installed, or the backfill would copy rows in
+// another shape than the trigger writes them), and the table's row count,
+// the planner's estimate when it has one.
+func (s *Store) installedCapture(ctx context.Context, f feed.FeedName) (*capture, int64, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return nil, 0, feed.Unreadable("reading the capture of feed "+string(f), err)
+	}
+	// Read only; the search_path resolveCapture sets goes with the rollback.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var spec CaptureSpec
+	var version string
+	err = tx.QueryRow(ctx, `SELECT spec, version FROM `+s.names.table("captures")+` WHERE feed = $1::text`, string(f)).Scan(&spec, &version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, 0, feed.Invalid("options.feed", "names feed %s, which captures no table; run Capture first", f)
+	}
+	if err != nil {
+		return nil, 0, feed.Unreadable("reading the capture of feed "+string(f), err)
+	}
+	c, err := s.resolveCapture(ctx, tx, spec)
+	if err != nil {
+		return nil, 0, err
+	}
+	if c.version != version {
+		return nil, 0, feed.Invalid("options.feed", "names feed %s, whose capture of table %s was installed at version %s, and the table now gives version %s; run Capture again", f, c.table, version, c.version)
+	}
+	var total *int64
+	err = tx.QueryRow(ctx, `SELECT CASE WHEN reltuples > 0 THEN reltuples::bigint END FROM pg_catalog.pg_class WHERE oid = $1::oid`, c.relid).Scan(&total)
+	if err == nil && total == nil {
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM `+c.table).Scan(&total)
+	}
+	if err != nil {
+		return nil, 0, feed.Unreadable("counting the rows of "+c.table, err)
+	}
+	return c, *total, nil
+}

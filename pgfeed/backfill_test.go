@@ -1,0 +1,291 @@
+package pgfeed_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/pgfeed"
+)
+
+// backfillEnv is a captured table t(id int PRIMARY KEY, v text) holding rows
+// 1..n written before the capture, so the feed starts empty.
+func backfillEnv(t *testing.T, n int) (capEnv, string) {
+	t.Helper()
+	e := newCapEnv(t, `CREATE TABLE %[1]s.t (id int PRIMARY KEY, v text NOT NULL)`)
+	e.exec(t, fmt.Sprintf(`INSERT INTO %s SELECT i, 'v' || i FROM generate_series(1, %d) AS i`, e.q("t"), n))
+	if _, err := e.s.Capture(t.Context(), pgfeed.CaptureSpec{Feed: "t", Schema: e.d.schema, Table: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	return e, `SELECT id::text, to_jsonb(r)::text FROM ` + e.q("t") + ` AS r`
+}
+
+// waitBlocked waits until a backend running a statement on the test's
+// schema waits for a lock (the feed lock, in these tests), and returns its
+// pid.
+func (e capEnv) waitBlocked(t *testing.T) int32 {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var pid int32
+		err := e.d.pool.QueryRow(t.Context(), `SELECT a.pid FROM pg_stat_activity a
+			WHERE a.pid <> pg_backend_pid() AND a.wait_event_type = 'Lock' AND strpos(a.query, $1) > 0 LIMIT 1`,
+			`"`+e.d.schema+`".`).Scan(&pid)
+		if err == nil {
+			return pid
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("no backend came to wait for the feed lock")
+	return 0
+}
+
+// holdFeedLock opens a transaction that updates row id of t, so its trigger
+// takes the feed lock and holds it until the returned function commits (or,
+// given false, rolls back).
+func (e capEnv) holdFeedLock(t *testing.T, id int, v string) func(commit bool) {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := e.d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+e.q("t")+` SET v = $2 WHERE id = $1`, id, v); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) })
+	return func(commit bool) {
+		once.Do(func() {
+			if commit {
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+			_ = tx.Rollback(ctx)
+		})
+	}
+}
+
+// TestBackfillTakesTheLockBeforeItReads is the rule that a captured
+// writer's change wins over the backfill's copy: a writer has updated row 5
+// and holds the feed lock; the backfill starts and waits for the lock; the
+// writer commits. The backfill must copy row 5 as the writer left it. A
+// backfill that read the table before it held the lock copies the old row
+// at a seq above the writer's, and the feed keeps the stale document.
+func TestBackfillTakesTheLockBeforeItReads(t *testing.T) {
+	t.Parallel()
+	e, table := backfillEnv(t, 10)
+	ctx := t.Context()
+	release := e.holdFeedLock(t, 5, "written while the backfill waited")
+	type result struct {
+		r   pgfeed.BackfillResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Progress: func(pgfeed.BackfillProgress) {}})
+		done <- result{r, err}
+	}()
+	e.waitBlocked(t)
+	release(true)
+	res := <-done
+	if res.err != nil || res.r.Rows != 10 {
+		t.Fatalf("Backfill = %+v, %v; want 10 rows", res.r, res.err)
+	}
+	e.same(t, "backfill after a waiting writer", "t", e.want(t, table))
+}
+
+// TestBackfillRacingWriters: writers update, delete and insert rows all over
+// the table (before, at and after the backfill's position) while it runs in
+// small batches; the feed ends equal to the table, row for row.
+func TestBackfillRacingWriters(t *testing.T) {
+	t.Parallel()
+	const rows = 3000
+	e, table := backfillEnv(t, rows)
+	ctx := t.Context()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var writes atomic.Int64
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 1))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := 1 + rnd.IntN(rows+200)
+				var err error
+				switch rnd.IntN(4) {
+				case 0:
+					_, err = e.d.pool.Exec(ctx, `DELETE FROM `+e.q("t")+` WHERE id = $1`, id)
+				case 1:
+					_, err = e.d.pool.Exec(ctx, `INSERT INTO `+e.q("t")+` VALUES ($1, 'new') ON CONFLICT (id) DO UPDATE SET v = 'reinserted'`, id)
+				default:
+					_, err = e.d.pool.Exec(ctx, `UPDATE `+e.q("t")+` SET v = v || '+' WHERE id BETWEEN $1 AND $1 + 3`, id)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				writes.Add(1)
+			}
+		}()
+	}
+	var batches atomic.Int64
+	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 50, Progress: func(p pgfeed.BackfillProgress) {
+		batches.Add(1)
+		// The writers start first, so the count the backfill starts with is
+		// near the table's first size, not equal to it.
+		if p.Total < rows-100 || p.Total > rows+100 || p.Rows > rows+200 {
+			t.Errorf("progress %+v; want a total near %d", p, rows)
+		}
+	}})
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("writer: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Backfill: %v", err)
+	}
+	if writes.Load() < 20 || batches.Load() < 20 {
+		t.Fatalf("%d writes raced %d batches; the test needs more of both", writes.Load(), batches.Load())
+	}
+	t.Logf("%d writes raced %d batches, %d rows copied", writes.Load(), batches.Load(), res.Rows)
+	e.same(t, "backfill racing writers", "t", e.want(t, table))
+}
+
+// TestBackfillResumes: a backfill whose backend is killed mid-batch, and
+// then one whose context is cancelled mid-batch, each resume where the last
+// committed batch left off, and the last run finishes with the feed equal to
+// the table, every row copied once (the head counts the copies).
+func TestBackfillResumes(t *testing.T) {
+	t.Parallel()
+	const rows = 1000
+	e, table := backfillEnv(t, rows)
+	ctx := t.Context()
+	// interrupt runs a backfill that, after its third batch, finds the feed
+	// lock held by a writer; while it waits, stop interrupts it, and the
+	// writer rolls back. It returns how many rows the run recorded.
+	interrupt := func(stop func(pid int32, cancel context.CancelFunc)) int64 {
+		t.Helper()
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var n int
+		var release func(bool)
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.s.Backfill(rctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Progress: func(pgfeed.BackfillProgress) {
+				if n++; n == 3 {
+					release = e.holdFeedLock(t, 1, "rolled back")
+				}
+			}})
+			done <- err
+		}()
+		pid := e.waitBlocked(t)
+		stop(pid, cancel)
+		err := <-done
+		release(false)
+		if err == nil {
+			t.Fatal("an interrupted backfill returned no error")
+		}
+		var recorded int64
+		if err := e.d.pool.QueryRow(ctx, `SELECT rows FROM `+e.q("feed_backfills")+` WHERE feed = 't' AND finished_at IS NULL`).Scan(&recorded); err != nil {
+			t.Fatal(err)
+		}
+		return recorded
+	}
+	killed := interrupt(func(pid int32, _ context.CancelFunc) {
+		if _, err := e.d.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Fatal(err)
+		}
+	})
+	cancelled := interrupt(func(_ int32, cancel context.CancelFunc) { cancel() })
+	if killed != 300 || cancelled != 600 {
+		t.Fatalf("the runs recorded %d and then %d rows; want 300 and 600", killed, cancelled)
+	}
+	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Progress: func(pgfeed.BackfillProgress) {}})
+	if err != nil || !res.Resumed || res.Rows != rows {
+		t.Fatalf("the last run = %+v, %v; want %d rows, resumed", res, err, rows)
+	}
+	e.same(t, "resumed backfill", "t", e.want(t, table))
+	if _, h := e.head(t, "t"); h != rows {
+		t.Fatalf("the head is %d after copying %d rows; want %d, each row copied once", h, rows, rows)
+	}
+	// A finished backfill starts over when run again.
+	again, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Progress: func(pgfeed.BackfillProgress) {}})
+	if err != nil || again.Resumed || again.Rows != rows {
+		t.Fatalf("a backfill after a finished one = %+v, %v; want a fresh run of %d rows", again, err, rows)
+	}
+}
+
+// TestBackfillNewGeneration: a backfill into a new generation empties the
+// feed of what the table no longer holds (here a key written by Write
+// directly) and fills it in one transaction; sinks see one new generation.
+func TestBackfillNewGeneration(t *testing.T) {
+	t.Parallel()
+	e, table := backfillEnv(t, 500)
+	ctx := t.Context()
+	if _, err := e.s.WriteCommitted(ctx, "t", []feed.Change{feed.Put("stray", []byte(`{}`))}); err != nil {
+		t.Fatal(err)
+	}
+	g0, _ := e.head(t, "t")
+	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", NewGeneration: true, BatchSize: 64, Progress: func(pgfeed.BackfillProgress) {}})
+	if err != nil || res.Rows != 500 || res.Generation != g0+1 {
+		t.Fatalf("Backfill = %+v, %v; want 500 rows in generation %d", res, err, g0+1)
+	}
+	e.same(t, "new generation", "t", e.want(t, table))
+	if ts := e.tombstones(t, "t"); len(ts) != 0 {
+		t.Fatalf("the new generation has tombstones %q", ts)
+	}
+}
+
+// TestBackfillBadInput: a feed that captures nothing, a negative batch
+// size, and a capture the table has outgrown are refused before anything is
+// copied.
+func TestBackfillBadInput(t *testing.T) {
+	t.Parallel()
+	e, _ := backfillEnv(t, 3)
+	ctx := t.Context()
+	if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: "t", Schema: e.d.schema, Table: "t", Include: []string{"id"}}); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, `ALTER TABLE `+e.q("t")+` ADD COLUMN extra int`) // Include now drops "extra" too
+	for _, c := range []struct {
+		opts pgfeed.BackfillOptions
+		says string
+	}{
+		{pgfeed.BackfillOptions{Feed: "none"}, "captures no table"},
+		{pgfeed.BackfillOptions{Feed: "t", BatchSize: -1}, "options.batch_size"},
+		{pgfeed.BackfillOptions{Feed: "t"}, "run Capture again"},
+	} {
+		_, err := e.s.Backfill(ctx, c.opts)
+		var inv *feed.InvalidError
+		if !errors.As(err, &inv) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Backfill(%+v) = %v; want an InvalidError that says %q", c.opts, err, c.says)
+		}
+	}
+	if _, h := e.head(t, "t"); h != 0 {
+		t.Fatalf("refused backfills moved the head to %d", h)
+	}
+}
