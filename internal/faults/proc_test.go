@@ -27,6 +27,9 @@ type worker struct {
 	// leasesDown, once set, makes the worker's advisory pool dial a closed
 	// port: its lock sessions, once ended, cannot come back.
 	leasesDown atomic.Bool
+	// dbDown, once set, makes every pool of the worker dial a closed port:
+	// with cut, the worker is as if frozen or partitioned from PostgreSQL.
+	dbDown atomic.Bool
 }
 
 // newWorker starts a worker over e's feed for targets, each recorded by the
@@ -34,21 +37,23 @@ type worker struct {
 func (e *env) newWorker(name string, advisory bool, targets []*target, recs []*recorder, opts syncer.Options) *worker {
 	e.t.Helper()
 	w := &worker{name: name, app: "kfaults_" + name + "_" + randHex()}
-	conf := func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = w.app }
-	pool := pgtest.PoolWith(e.t, pgtest.URL(), conf)
-	var leases *pgxpool.Pool
-	if advisory {
-		closed := pgtest.ClosedPort(e.t)
-		leases = pgtest.PoolWith(e.t, pgtest.URL(), func(c *pgxpool.Config) {
-			conf(c)
+	closed := pgtest.ClosedPort(e.t)
+	conf := func(lease bool) func(c *pgxpool.Config) {
+		return func(c *pgxpool.Config) {
+			c.ConnConfig.RuntimeParams["application_name"] = w.app
 			dial := c.ConnConfig.DialFunc
 			c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				if w.leasesDown.Load() {
+				if w.dbDown.Load() || (lease && w.leasesDown.Load()) {
 					return dial(ctx, "tcp", closed)
 				}
 				return dial(ctx, network, addr)
 			}
-		})
+		}
+	}
+	pool := pgtest.PoolWith(e.t, pgtest.URL(), conf(false))
+	var leases *pgxpool.Pool
+	if advisory {
+		leases = pgtest.PoolWith(e.t, pgtest.URL(), conf(true))
 	}
 	w.store = e.newStore(pool, leases)
 	ts := make([]syncer.Target, len(targets))
@@ -70,3 +75,15 @@ func (w *worker) holds() bool {
 }
 
 func (w *worker) String() string { return fmt.Sprintf("worker %s", w.name) }
+
+// cut ends every session of w and keeps new ones from opening until
+// restore: its heartbeats, reads and cursor moves fail from now on.
+func (e *env) cut(w *worker) {
+	e.t.Helper()
+	w.dbDown.Store(true)
+	if _, err := e.pool.Exec(e.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, w.app); err != nil {
+		e.t.Fatalf("ending %s's sessions: %v", w, err)
+	}
+}
+
+func (w *worker) restore() { w.dbDown.Store(false) }
