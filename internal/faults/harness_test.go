@@ -37,6 +37,7 @@ type env struct {
 
 	mu       sync.Mutex
 	versions map[feed.Key]int // the last version written per key, deletes included
+	dead     map[feed.Key]bool // keys whose last change was a deletion
 }
 
 // fastLease keeps takeovers within a few seconds.
@@ -48,7 +49,7 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(cancel)
 	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	schema := pgtest.Schema(t)
-	e := &env{t: t, ctx: ctx, schema: schema, pool: pool, feed: "orders", lease: fastLease, versions: map[feed.Key]int{}}
+	e := &env{t: t, ctx: ctx, schema: schema, pool: pool, feed: "orders", lease: fastLease, versions: map[feed.Key]int{}, dead: map[feed.Key]bool{}}
 	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
@@ -88,6 +89,7 @@ func (e *env) change(k feed.Key, del bool) feed.Change {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.versions[k]++
+	e.dead[k] = del
 	if del {
 		return feed.Delete(k)
 	}
@@ -324,6 +326,19 @@ func (e *env) holders() map[feed.SinkName]feed.LeaseHolder {
 	for _, s := range d.Sinks {
 		if s.Lease != nil {
 			m[s.Sink] = s.Lease.Holder
+		}
+	}
+	return m
+}
+
+// deleted is the keys whose last change was a deletion.
+func (e *env) deleted() map[feed.Key]bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := map[feed.Key]bool{}
+	for k, d := range e.dead {
+		if d {
+			m[k] = true
 		}
 	}
 	return m

@@ -49,7 +49,7 @@ func pgtableTarget(t testing.TB, ctx context.Context) *target {
 	return &target{
 		name: "table",
 		open: func(t testing.TB) feed.Sink {
-			s, err := pgtable.New(ctx, pool, pgtable.Options{Schema: schema, Table: "orders", Create: true})
+			s, err := pgtable.New(ctx, pool, pgtable.Options{Schema: schema, Table: "orders", Create: true, Columns: []pgtable.Column{{Name: "v", Type: pgtable.TypeInteger}}})
 			if err != nil {
 				t.Fatalf("pgtable.New: %v", err)
 			}
