@@ -38,6 +38,7 @@ type callRec struct {
 	op          string
 	first, last feed.Seq
 	n           int
+	seqs        []feed.Seq
 	start, end  time.Time
 	err         error
 }
@@ -65,6 +66,10 @@ func (r *recorder) call(ctx context.Context, proc, op string, recs []feed.Record
 	}
 	if len(recs) > 0 {
 		c.first, c.last = recs[0].Seq, recs[len(recs)-1].Seq
+		c.seqs = make([]feed.Seq, len(recs))
+		for i, rec := range recs {
+			c.seqs[i] = rec.Seq
+		}
 	}
 	rejs, err := f(ctx)
 	c.end, c.err = time.Now(), err
