@@ -38,18 +38,23 @@ type env struct {
 	mu       sync.Mutex
 	versions map[feed.Key]int // the last version written per key, deletes included
 	dead     map[feed.Key]bool // keys whose last change was a deletion
+	last     map[feed.Key]json.RawMessage
+	gen      int // stamped in each document as "g": the rebuilds the test made, plus one
 }
 
 // fastLease keeps takeovers within a few seconds.
 var fastLease = feed.LeaseOptions{TTL: 2 * time.Second, Heartbeat: 300 * time.Millisecond, Margin: 700 * time.Millisecond}
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvFor(t, 150*time.Second) }
+
+// newEnvFor is newEnv with every database call of the test bounded by d.
+func newEnvFor(t *testing.T, d time.Duration) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 150*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
 	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	schema := pgtest.Schema(t)
-	e := &env{t: t, ctx: ctx, schema: schema, pool: pool, feed: "orders", lease: fastLease, versions: map[feed.Key]int{}, dead: map[feed.Key]bool{}}
+	e := &env{t: t, ctx: ctx, schema: schema, pool: pool, feed: "orders", lease: fastLease, versions: map[feed.Key]int{}, dead: map[feed.Key]bool{}, last: map[feed.Key]json.RawMessage{}, gen: 1}
 	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
@@ -76,10 +81,11 @@ func quiet() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// doc is a key's document at version v: every write of a key carries a
-// version one above its last, across deletes and rebuilds.
-func doc(k feed.Key, v int) json.RawMessage {
-	return json.RawMessage(fmt.Sprintf(`{"k":%q,"v":%d,"pad":"%s"}`, k, v, strings.Repeat("x", 40)))
+// doc is a key's document at version v, written in the test's generation
+// g: every write of a key carries a version one above its last, across
+// deletes and rebuilds.
+func doc(k feed.Key, v, g int) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"k":%q,"v":%d,"g":%d,"pad":"%s"}`, k, v, g, strings.Repeat("x", 40)))
 }
 
 func key(i int) feed.Key { return feed.Key(fmt.Sprintf("k%05d", i)) }
@@ -91,9 +97,12 @@ func (e *env) change(k feed.Key, del bool) feed.Change {
 	e.versions[k]++
 	e.dead[k] = del
 	if del {
+		delete(e.last, k)
 		return feed.Delete(k)
 	}
-	return feed.Put(k, doc(k, e.versions[k]))
+	d := doc(k, e.versions[k], e.gen)
+	e.last[k] = d
+	return feed.Put(k, d)
 }
 
 // write commits changes for keys, a delete where del says so.
@@ -342,4 +351,42 @@ func (e *env) deleted() map[feed.Key]bool {
 		}
 	}
 	return m
+}
+
+// rebuild moves the feed to a new generation and writes every live key
+// again, stamped with it, in one transaction, as an application rebuilding
+// a plain table's feed does. Call it from the goroutine that writes.
+func (e *env) rebuild() feed.Generation {
+	e.t.Helper()
+	var g feed.Generation
+	err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+		var err error
+		if g, err = e.store.ResetTx(e.ctx, tx, e.feed); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		e.gen++
+		keys := make([]feed.Key, 0, len(e.last))
+		for k := range e.last {
+			keys = append(keys, k)
+		}
+		e.mu.Unlock()
+		sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
+		for len(keys) > 0 {
+			n := min(len(keys), 1000)
+			cs := make([]feed.Change, n)
+			for i, k := range keys[:n] {
+				cs[i] = e.change(k, false)
+			}
+			if _, err := e.store.Write(e.ctx, tx, e.feed, cs); err != nil {
+				return err
+			}
+			keys = keys[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("rebuild: %v", err)
+	}
+	return g
 }

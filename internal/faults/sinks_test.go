@@ -269,3 +269,16 @@ func (e *env) checkSinks(t testing.TB, targets ...*target) {
 		sameDocs(t, string(tg.name), tg.read(t), want, e.parked(tg.name))
 	}
 }
+
+// readTable is the live documents of the orders table in schema, on the
+// env's database.
+func readTable(t testing.TB, e *env, schema string) map[feed.Key]json.RawMessage {
+	t.Helper()
+	rows, _ := e.pool.Query(e.ctx, `SELECT key, doc::text FROM "`+schema+`".orders WHERE doc IS NOT NULL`)
+	m := map[feed.Key]json.RawMessage{}
+	var k, d string
+	if _, err := pgx.ForEachRow(rows, []any{&k, &d}, func() error { m[feed.Key(k)] = json.RawMessage(d); return nil }); err != nil {
+		t.Fatalf("reading the table: %v", err)
+	}
+	return m
+}
