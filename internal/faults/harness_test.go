@@ -36,7 +36,7 @@ type env struct {
 	lease  feed.LeaseOptions
 
 	mu       sync.Mutex
-	versions map[feed.Key]int // the last version written per key, deletes included
+	versions map[feed.Key]int  // the last version written per key, deletes included
 	dead     map[feed.Key]bool // keys whose last change was a deletion
 	last     map[feed.Key]json.RawMessage
 	gen      int // stamped in each document as "g": the rebuilds the test made, plus one
@@ -356,7 +356,11 @@ func (e *env) deleted() map[feed.Key]bool {
 // rebuild moves the feed to a new generation and writes every live key
 // again, stamped with it, in one transaction, as an application rebuilding
 // a plain table's feed does. Call it from the goroutine that writes.
-func (e *env) rebuild() feed.Generation {
+func (e *env) rebuild() feed.Generation { return e.rebuildKeeping(nil) }
+
+// rebuildKeeping is rebuild where the new generation holds only the live
+// keys keep keeps (all when nil): a projection that no longer writes some.
+func (e *env) rebuildKeeping(keep func(feed.Key) bool) feed.Generation {
 	e.t.Helper()
 	var g feed.Generation
 	err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
@@ -368,7 +372,12 @@ func (e *env) rebuild() feed.Generation {
 		e.gen++
 		keys := make([]feed.Key, 0, len(e.last))
 		for k := range e.last {
-			keys = append(keys, k)
+			if keep == nil || keep(k) {
+				keys = append(keys, k)
+			} else {
+				delete(e.last, k)
+				e.dead[k] = true
+			}
 		}
 		e.mu.Unlock()
 		sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
