@@ -29,6 +29,7 @@ import (
 type env struct {
 	t      *testing.T
 	ctx    context.Context
+	url    string // the feed database's
 	schema string
 	pool   *pgxpool.Pool
 	store  *pgfeed.Store
@@ -48,13 +49,16 @@ var fastLease = feed.LeaseOptions{TTL: 2 * time.Second, Heartbeat: 300 * time.Mi
 func newEnv(t *testing.T) *env { return newEnvFor(t, 150*time.Second) }
 
 // newEnvFor is newEnv with every database call of the test bounded by d.
-func newEnvFor(t *testing.T, d time.Duration) *env {
+func newEnvFor(t *testing.T, d time.Duration) *env { return newEnvAt(t, pgtest.URL(), d) }
+
+// newEnvAt is newEnvFor on the database at url.
+func newEnvAt(t *testing.T, url string, d time.Duration) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
-	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	pool := pgtest.Pool(t, url, pgx.QueryExecModeCacheStatement)
 	schema := pgtest.Schema(t)
-	e := &env{t: t, ctx: ctx, schema: schema, pool: pool, feed: "orders", lease: fastLease, versions: map[feed.Key]int{}, dead: map[feed.Key]bool{}, last: map[feed.Key]json.RawMessage{}, gen: 1}
+	e := &env{t: t, ctx: ctx, url: url, schema: schema, pool: pool, feed: "orders", lease: fastLease, versions: map[feed.Key]int{}, dead: map[feed.Key]bool{}, last: map[feed.Key]json.RawMessage{}, gen: 1}
 	if _, err := pgfeed.Migrate(ctx, pool, pgfeed.Options{Schema: schema}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}

@@ -50,10 +50,10 @@ func (e *env) newWorker(name string, advisory bool, targets []*target, recs []*r
 			}
 		}
 	}
-	pool := pgtest.PoolWith(e.t, pgtest.URL(), conf(false))
+	pool := pgtest.PoolWith(e.t, e.url, conf(false))
 	var leases *pgxpool.Pool
 	if advisory {
-		leases = pgtest.PoolWith(e.t, pgtest.URL(), conf(true))
+		leases = pgtest.PoolWith(e.t, e.url, conf(true))
 	}
 	w.store = e.newStore(pool, leases)
 	ts := make([]syncer.Target, len(targets))
