@@ -2,11 +2,16 @@ package faults_test
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/sinks/file"
 	"github.com/kairos-es/kairos/syncer"
 )
 
@@ -106,4 +111,73 @@ func TestWorkerPausedBeforeSend(t *testing.T) {
 	a.stop()
 	b.stop()
 	e.checkReleased(t, "table", "cache", "export")
+}
+
+// Fault 5, across processes. Two `kairos run` daemons share a PostgreSQL
+// table and a file under lease rows (ttl 2s). While a writer commits
+// without pause, A, the holder, is stopped with SIGSTOP for 2 × ttl: its
+// heartbeats stop with it, its leases lapse, B takes them over and sends
+// on. A then gets SIGCONT and finds itself mid-way through whatever it was
+// doing, possibly a send its EnsureHeld let through before the stop. No key
+// goes back in the table (I2, watcher) nor in the file's own lines, A's
+// holders never come back (I5), both sinks end equal to the feed (I1), and
+// both daemons stop cleanly with nothing left held (I6).
+func TestDaemonStoppedAndContinued(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	target := pgtest.Schema(t)
+	path := filepath.Join(t.TempDir(), "orders.jsonl")
+	body := fmt.Sprintf(daemonBody, e.schema, sinkURL(pgtest.URL()), target, path)
+	a, b := newDaemon(t, "A", pgtest.URL(), body), newDaemon(t, "B", pgtest.URL(), body)
+	sinks := []feed.SinkName{"table", "export"}
+	a.start()
+	e.put(0, 500)
+	eventually(t, "A caught up", 60*time.Second, e.caughtUp(sinks...))
+	held := e.holders()
+	b.start()
+	w := e.watch(e.pool, `"`+target+`".orders`)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			e.put(i*10%500, i*10%500+10)
+		}
+	})
+	time.Sleep(500 * time.Millisecond)
+	a.signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	eventually(t, "B took both sinks over", 30*time.Second, func() bool {
+		h := e.holders()
+		return h["table"] != "" && h["table"] != held["table"] && h["export"] != "" && h["export"] != held["export"]
+	})
+	if wait := 2*e.lease.TTL - time.Since(stopped); wait > 0 {
+		time.Sleep(wait)
+	}
+	a.signal(syscall.SIGCONT)
+	t.Logf("A stopped for %v", time.Since(stopped).Round(time.Millisecond))
+	time.Sleep(time.Second) // A wakes while the writer still writes
+	close(stop)
+	wg.Wait()
+	eventually(t, "caught up", 60*time.Second, e.caughtUp(sinks...))
+	w.stop(t)
+	want, _ := live(e.ctx, t, e.store, e.feed)
+	sameDocs(t, "the table", readTable(t, e, target), want, nil)
+	docs, err := file.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameDocs(t, "the file", docs, want, nil)
+	checkFileLines(t, path)
+	a.term()
+	b.term()
+	e.checkReleased(t, sinks...)
+	if n := e.sessionsLeft(a, b); n != 0 {
+		t.Errorf("I6: %d database sessions of the stopped daemons are left", n)
+	}
 }
