@@ -68,6 +68,10 @@ func used(t *testing.T, dir string) int64 {
 func TestDiskFull(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	// A longer lease than the other tests': each sink call is cut at half
+	// the margin, and a bleve batch of large documents under the race
+	// detector on a loaded machine can take longer than the default 350ms.
+	e.lease = feed.LeaseOptions{TTL: 10 * time.Second, Heartbeat: time.Second, Margin: 4 * time.Second}
 	dir, remount := tmpfs(t, "16m")
 	targets := []*target{fileTarget(t, filepath.Join(dir)), bleveTarget(t, e.ctx, filepath.Join(dir, "index"), e.allKeys)}
 	recs := []*recorder{newRecorder(targets[0].probe), newRecorder(nil)}
@@ -96,7 +100,7 @@ func TestDiskFull(t *testing.T) {
 
 	// Full: room for about 256 KiB more, then documents of 8 KiB.
 	remount(fmt.Sprintf("size=%d", used(t, dir)+256<<10))
-	for i := range 10 {
+	for i := range 4 {
 		keys := make([]feed.Key, 50)
 		cs := make([]feed.Change, 50)
 		for j := range keys {
@@ -112,8 +116,10 @@ func TestDiskFull(t *testing.T) {
 		}
 	}
 	stuck("full", syscall.ENOSPC)
+	began := time.Now()
 	remount("size=64m")
 	eventually(t, "caught up once there is room", 60*time.Second, e.caughtUp(sinks...))
+	t.Logf("caught up %v after the room came back", time.Since(began).Round(time.Millisecond))
 	e.checkSinks(t, targets...)
 	for _, s := range sinks {
 		if p := e.parked(s); len(p) > 0 {
