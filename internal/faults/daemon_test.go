@@ -186,17 +186,25 @@ func (d *daemon) term() {
 }
 
 // sessionsLeft counts the database sessions of the daemons, by application
-// name: none may outlive a daemon that stopped (I6).
+// name: none may outlive a daemon that stopped (I6). A backend whose client
+// has just gone may show for a moment more while it exits, so it waits up to
+// 10s for the count to reach 0.
 func (e *env) sessionsLeft(ds ...*daemon) int {
 	apps := make([]string, len(ds))
 	for i, d := range ds {
 		apps[i] = d.app + "%"
 	}
-	var n int
-	if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE ANY ($1)`, apps).Scan(&n); err != nil {
-		e.t.Fatal(err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE ANY ($1)`, apps).Scan(&n); err != nil {
+			e.t.Fatal(err)
+		}
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return n
 }
 
 // sinkURL is u for a daemon's PostgreSQL sink: its sessions carry the
