@@ -92,7 +92,7 @@ func TestPgBouncerDaemons(t *testing.T) {
 	p.User = url.UserPassword("postgres", "planted-s3cret")
 	advisory := strings.Replace(fmt.Sprintf(daemonBody, e.schema, sinkURL(bouncer), target, path), "kind: row", "kind: advisory", 1)
 	d := newDaemon(t, "C", p.String(), advisory)
-	ctx, cancel := context.WithTimeout(e.ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, kairosBinary(t), "run", "-c", d.cfg).CombinedOutput()
 	msg := string(out)

@@ -29,9 +29,10 @@
 // that logs each call that reached the target (process, operation, seqs,
 // start and end, error) and, after each call to the live copy, reads from
 // the target itself the seq each of the call's keys now holds (the table's
-// seq column, the Redis sink's seq keys, the file's folded seqs): a key
-// whose seq is ever lower than one read before went back (I2), whoever sent
-// it. The recorder's hook runs where the worker calls the sink, right after
+// seq column, the Redis sink's seq keys): a key whose seq is ever lower than
+// one read before went back (I2), whoever sent it. A file sink's reader
+// folds each key to its highest seq, so there the file's own lines are
+// checked instead (below). The recorder's hook runs where the worker calls the sink, right after
 // its EnsureHeld, which is where a test freezes a worker.
 //
 // Across processes (`kairos run` subprocesses, the command built once from

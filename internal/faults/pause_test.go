@@ -95,6 +95,7 @@ func TestWorkerPausedBeforeSend(t *testing.T) {
 		}
 	}
 	e.checkSinks(t, targets...)
+	checkFileLines(t, targets[2].file) // the file folds to each key's highest seq: its lines show a stale append
 	for i, r := range recs {
 		r.checkNoRegress(t)
 		stale := 0

@@ -33,6 +33,9 @@ type target struct {
 	open  func(t testing.TB) feed.Sink
 	read  func(t testing.TB) map[feed.Key]json.RawMessage
 	probe func(ctx context.Context, keys []feed.Key) (map[feed.Key]feed.Seq, error)
+	// file is the file sink's file: its own lines are a log of what reached
+	// it (checkFileLines). Empty for other sinks.
+	file string
 }
 
 func randHex() string {
@@ -170,6 +173,7 @@ func fileTarget(t testing.TB, dir string) *target {
 	}
 	path := filepath.Join(dir, "orders.jsonl")
 	return &target{
+		file: path,
 		name: "export",
 		open: func(t testing.TB) feed.Sink {
 			s, err := file.New(file.Options{Path: path})
