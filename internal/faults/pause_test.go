@@ -147,7 +147,14 @@ func TestDaemonStoppedAndContinued(t *testing.T) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			e.put(i*10%500, i*10%500+10)
+			cs := make([]feed.Change, 10)
+			for j := range cs {
+				cs[j] = e.change(key(i*10%500+j), false)
+			}
+			if _, err := e.store.WriteCommitted(e.ctx, e.feed, cs); err != nil {
+				t.Errorf("write: %v", err)
+				return
+			}
 		}
 	})
 	time.Sleep(500 * time.Millisecond)
