@@ -53,16 +53,19 @@ feeds:
 // and, once each daemon exits 0 on SIGTERM, I6: no lease row names a
 // holder, no advisory lock and no database session of theirs is left.
 //
-// 5000 changes by default (about half a minute); KAIROS_SOAK=1 makes it
-// 50000, KAIROS_SOAK=<n> makes it n.
+// 5000 changes by default, written over about 15s (the test takes about
+// half a minute); KAIROS_SOAK=1 makes it 50000, KAIROS_SOAK=<n> makes it n,
+// at the same pace (50000: about two and a half minutes of writes and some
+// 60 kills).
 func TestSoak(t *testing.T) {
 	t.Parallel()
-	changes, budget := 5000, 3*time.Minute
+	changes, budget, span := 5000, 3*time.Minute, 15*time.Second
 	if v := os.Getenv("KAIROS_SOAK"); v != "" {
 		changes, budget = 50000, 20*time.Minute
 		if n, err := strconv.Atoi(v); err == nil && n > 1 {
 			changes = n
 		}
+		span = time.Duration(changes/5000) * 15 * time.Second // the writer's pace of the short soak
 	}
 	e := newEnvFor(t, budget)
 	target := pgtest.Schema(t)
@@ -95,7 +98,7 @@ func TestSoak(t *testing.T) {
 	}()
 	began := time.Now()
 	const batch = 50
-	pace := 15 * time.Second / time.Duration(changes/batch) // the short soak writes for about 15s
+	pace := span / time.Duration(changes/batch) // the short soak writes for about 15s
 	rebuilt := false
 	for written := 0; written < changes; written += batch {
 		if !rebuilt && written >= changes/2 {
