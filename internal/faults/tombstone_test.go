@@ -34,7 +34,9 @@ func (e *env) checkModel(t testing.TB, bad map[feed.Key]json.RawMessage) {
 //   - collection against re-upserts of the keys it is collecting, in a
 //     tight loop on both sides;
 //   - park, then delete the parked key, collect, and retry it;
-//   - delete, collect, recreate.
+//   - delete, collect, recreate;
+//   - park, stop the worker, delete, collect (the tombstone stays), retry
+//     (the tombstone is restamped), and a new worker sends the deletion.
 //
 // Each key ends right in the feed (the test's own model of its writes) and
 // in both sinks (I1), and nothing the collector removed comes back.
@@ -134,9 +136,57 @@ func TestTombstoneRaces(t *testing.T) {
 	eventually(t, "caught up after the recreate", 30*time.Second, e.caughtUp(sinks...))
 	e.checkModel(t, nil)
 	e.checkSinks(t, targets...)
+
+	// Park, then, with no worker running, delete, collect (which must keep
+	// the tombstone: the table's cursor has not passed it, and the key is
+	// parked), and retry, which restamps the tombstone above the cursor; a
+	// new worker then sends the deletion.
+	bad2 := feed.Key("bad2")
+	badDoc2 := json.RawMessage(`{"k":"bad2","v":"still not a number"}`)
+	e.mu.Lock()
+	e.versions[bad2]++
+	e.dead[bad2] = false
+	delete(e.last, bad2)
+	e.mu.Unlock()
+	if _, err := e.store.WriteCommitted(e.ctx, e.feed, []feed.Change{feed.Put(bad2, badDoc2)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "bad2 parked for the table", 30*time.Second, func() bool { return e.caughtUp(sinks...)() && e.parked("table")[bad2] })
+	w.stop()
+	e.write([]feed.Key{bad2}, func(feed.Key) bool { return true })
+	if _, err := e.store.CollectTombstones(e.ctx, e.feed); err != nil {
+		t.Fatal(err)
+	}
+	if tr := e.trace(bad2); !tr {
+		t.Errorf("bad2's tombstone was collected before any sink passed it, while it was parked")
+	}
+	if ok, err := e.store.RetryParked(e.ctx, feed.SinkID{Feed: e.feed, Sink: "table"}, bad2); err != nil || !ok {
+		t.Fatalf("retrying bad2 with no worker running: %v, %v; want it found parked", ok, err)
+	}
+	w2 := e.newWorker("A2", false, targets, recs, syncer.Options{BatchSize: 50, MoveInterval: -1})
+	eventually(t, "caught up after the retry", 30*time.Second, e.caughtUp(sinks...))
+	if e.parked("table")[bad2] {
+		t.Errorf("bad2 is still parked after its tombstone was retried and sent")
+	}
+	e.checkModel(t, nil)
+	e.checkSinks(t, targets...)
+	if n, err := e.store.CollectTombstones(e.ctx, e.feed); err != nil || n == 0 || e.trace(bad2) {
+		t.Errorf("collecting once every sink passed bad2's tombstone: %d, %v; still there: %v", n, err, e.trace(bad2))
+	}
 	for _, r := range recs {
 		r.checkNoRegress(t)
 	}
-	w.stop()
+	w2.stop()
 	e.checkReleased(t, sinks...)
+}
+
+// trace reports whether the feed still holds a row for k, a document or a
+// tombstone.
+func (e *env) trace(k feed.Key) bool {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM "`+e.schema+`".feed_rows WHERE feed = $1 AND key = $2`, string(e.feed), string(k)).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n > 0
 }
