@@ -23,18 +23,16 @@ import (
 // than every record of the copy (seqs are never reset), so a sink's seq
 // guard refuses those of keys the copy holds, and its resync floor (the
 // first seq the copy was sent) refuses those of keys it does not. Run over a
-// file and a bleve index, the sinks that keep a resync floor here; the
-// PostgreSQL table sink has no floor yet, and fails it (the generation-1
-// documents of the keys generation 2 dropped come back into its live table).
+// PostgreSQL table, a file and a bleve index.
 func TestOldGenerationSendsAfterPublish(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	targets := []*target{fileTarget(t, ""), bleveTarget(t, e.ctx, "", e.allKeys)}
+	targets := []*target{pgtableTarget(t, e.ctx), fileTarget(t, ""), bleveTarget(t, e.ctx, "", e.allKeys)}
 	recs := make([]*recorder, len(targets))
 	for i, tg := range targets {
 		recs[i] = newRecorder(tg.probe)
 	}
-	sinks := []feed.SinkName{"export", "search"}
+	sinks := []feed.SinkName{"table", "export", "search"}
 	opts := syncer.Options{BatchSize: 100, MoveInterval: -1}
 	a := e.newWorker("A", false, targets, recs, opts)
 	e.put(0, 200)
