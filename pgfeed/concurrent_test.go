@@ -1,0 +1,336 @@
+package pgfeed_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgtest"
+	"github.com/kairos-es/kairos/pgfeed"
+)
+
+// concurrentFeed makes f a feed of the concurrent write mode on s.
+func concurrentFeed(t *testing.T, s *pgfeed.Store, f feed.FeedName) {
+	t.Helper()
+	if err := s.SetWriteMode(t.Context(), f, feed.WriteConcurrent); err != nil {
+		t.Fatalf("SetWriteMode: %v", err)
+	}
+}
+
+// sealAll runs rounds until one seals nothing, and returns how many rows
+// the rounds sealed.
+func sealAll(t *testing.T, s *pgfeed.Store, f feed.FeedName) int {
+	t.Helper()
+	total := 0
+	for {
+		n, err := s.SealRound(t.Context(), f)
+		if err != nil {
+			t.Fatalf("SealRound: %v", err)
+		}
+		if n == 0 {
+			return total
+		}
+		total += n
+	}
+}
+
+// feedDocs reads every sealed row of f: key → document (nil: tombstone),
+// failing on a key that appears twice.
+func feedDocs(t *testing.T, s *pgfeed.Store, f feed.FeedName) map[feed.Key]string {
+	t.Helper()
+	out := map[feed.Key]string{}
+	var after feed.Seq
+	for {
+		b, err := s.ReadBatch(t.Context(), f, after, feed.BatchLimit{Records: 500})
+		if err != nil {
+			t.Fatalf("ReadBatch: %v", err)
+		}
+		for _, r := range b.Records {
+			if _, dup := out[r.Key]; dup {
+				t.Fatalf("key %q appears twice in the feed", r.Key)
+			}
+			out[r.Key] = string(r.Doc)
+			after = r.Seq
+		}
+		if !b.More {
+			return out
+		}
+	}
+}
+
+// TestConcurrentModeBasics: a concurrent-mode write is unsealed (no seq, not
+// read, counted by describe, shown by trace) until a round seals it; the
+// sealed version stays readable while a newer write waits; a delete seals
+// as a tombstone; a round that seals nothing moves nothing.
+func TestConcurrentModeBasics(t *testing.T) {
+	t.Parallel()
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			d := setup(t, pgtest.URL(), m.mode)
+			s := newStore(t, d, pgfeed.Options{})
+			ctx := t.Context()
+			const f = feed.FeedName("conc")
+			concurrentFeed(t, s, f)
+			res, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("a", []byte(`{"v":1}`)), feed.Put("b", []byte(`{"v":1}`))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Generation != 1 || res.First != 0 || res.Last != 0 || !slices.Equal(res.Unsealed, []feed.Key{"a", "b"}) {
+				t.Fatalf("concurrent write's result = %+v; want generation 1, no seqs, keys a b unsealed", res)
+			}
+			if b, _ := s.ReadBatch(ctx, f, 0, feed.BatchLimit{Records: 10}); len(b.Records) != 0 || b.Head != 0 {
+				t.Fatalf("before sealing: read %v head %d; want nothing, head 0", b.Records, b.Head)
+			}
+			desc, err := s.Describe(ctx, f)
+			if err != nil || desc.Mode != feed.WriteConcurrent || desc.Unsealed != 2 {
+				t.Fatalf("Describe = %+v, %v; want mode concurrent, 2 unsealed", desc, err)
+			}
+			tr, err := s.Trace(ctx, f, "a")
+			if err != nil || tr.Found || !tr.Unsealed || string(tr.UnsealedDoc) != `{"v": 1}` {
+				t.Fatalf("Trace(a) = %+v, %v; want not found, unsealed {\"v\": 1}", tr, err)
+			}
+			if n := sealAll(t, s, f); n != 2 {
+				t.Fatalf("sealed %d rows; want 2", n)
+			}
+			if got := feedDocs(t, s, f); len(got) != 2 || got["a"] != `{"v": 1}` {
+				t.Fatalf("after sealing: %v", got)
+			}
+			if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("a", []byte(`{"v":2}`)), feed.Delete("b"), feed.Delete("c")}); err != nil {
+				t.Fatal(err)
+			}
+			if got := feedDocs(t, s, f); got["a"] != `{"v": 1}` || got["b"] != `{"v": 1}` {
+				t.Fatalf("the sealed versions must stay readable while newer writes wait: %v", got)
+			}
+			tr, _ = s.Trace(ctx, f, "a")
+			if !tr.Found || tr.Seq == 0 || !tr.Unsealed || string(tr.UnsealedDoc) != `{"v": 2}` {
+				t.Fatalf("Trace(a) = %+v; want the sealed version and the unsealed {\"v\": 2}", tr)
+			}
+			if n := sealAll(t, s, f); n != 3 {
+				t.Fatalf("sealed %d rows; want 3", n)
+			}
+			got := feedDocs(t, s, f)
+			if got["a"] != `{"v": 2}` || got["b"] != "" || got["c"] != "" || len(got) != 3 {
+				t.Fatalf("after the second seal: %v; want a {\"v\": 2}, b and c tombstones", got)
+			}
+			head, _ := s.Head(ctx, f)
+			if head != 5 {
+				t.Fatalf("head %d; want 5 (two rounds, 2 and 3 rows)", head)
+			}
+			if n := sealAll(t, s, f); n != 0 {
+				t.Fatalf("an idle round sealed %d", n)
+			}
+			if h, _ := s.Head(ctx, f); h != head {
+				t.Fatalf("an idle round moved the head to %d", h)
+			}
+			desc, _ = s.Describe(ctx, f)
+			if desc.Unsealed != 0 {
+				t.Fatalf("Describe after sealing: %d unsealed", desc.Unsealed)
+			}
+		})
+	}
+}
+
+// TestConcurrentCommitOrder is guarantee 2 in the concurrent mode, under a
+// held-open writer: 15 writers commit single-key changes to 60 shared keys,
+// each in the same transaction as a row of a plain table, while a 16th holds
+// a transaction that wrote three keys (one shared) open for two seconds, and
+// two sealing loops run at once (as when the sealer lease changes hands while
+// the old holder's round is in flight) beside RunSealer. A reader tails the
+// sealed rows all along. No seq may ever appear below one already read; a
+// commit made while the slow writer is open must be sealed before it
+// commits (a round must not wait for an open writer); and once everything
+// is sealed, the feed, and what the reader holds, equal the plain table: the
+// last committed value of every key.
+func TestConcurrentCommitOrder(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s := newStore(t, d, pgfeed.Options{})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const f = feed.FeedName("order")
+	concurrentFeed(t, s, f)
+	app := pgx.Identifier{d.schema, "app"}.Sanitize()
+	if _, err := d.pool.Exec(ctx, `CREATE TABLE `+app+` (key text PRIMARY KEY, v bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var counter atomic.Int64
+	commit := func(ctx context.Context, keys []string, hold func() error) error {
+		return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+			var changes []feed.Change
+			for _, k := range keys {
+				v := counter.Add(1)
+				if _, err := tx.Exec(ctx, `INSERT INTO `+app+` (key, v) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET v = excluded.v`, k, v); err != nil {
+					return err
+				}
+				changes = append(changes, feed.Put(feed.Key(k), []byte(fmt.Sprintf(`{"v": %d}`, v))))
+			}
+			if _, err := s.Write(ctx, tx, f, changes); err != nil {
+				return err
+			}
+			if hold != nil {
+				return hold()
+			}
+			return nil
+		})
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	run := func(fn func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(); err != nil && ctx.Err() == nil {
+				errs <- err
+			}
+		}()
+	}
+	sealCtx, stopSealing := context.WithCancel(ctx)
+	defer stopSealing()
+	run(func() error { return s.RunSealer(sealCtx, f) })
+	for range 2 {
+		run(func() error {
+			for sealCtx.Err() == nil {
+				if _, err := s.SealRound(sealCtx, f); err != nil && sealCtx.Err() == nil {
+					return err
+				}
+				time.Sleep(time.Duration(rand.N(3000)) * time.Microsecond)
+			}
+			return nil
+		})
+	}
+
+	writeCtx, stopWriting := context.WithCancel(ctx)
+	for w := range 15 {
+		run(func() error {
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			for writeCtx.Err() == nil {
+				if err := commit(writeCtx, []string{fmt.Sprintf("k%02d", r.IntN(60))}, nil); err != nil && writeCtx.Err() == nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	// The slow writer, and the commit made while it is open.
+	probeSealed := make(chan struct{})
+	var probeKey atomic.Value
+	slowDone := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		slowDone <- commit(ctx, []string{"slow-a", "k07", "slow-b"}, func() error {
+			if err := commit(ctx, []string{"probe"}, nil); err != nil {
+				return err
+			}
+			probeKey.Store(true)
+			select {
+			case <-probeSealed:
+			case <-time.After(20 * time.Second):
+				return errors.New("a commit made while the slow writer was open was not sealed before it committed: a round waits for open writers")
+			}
+			time.Sleep(2 * time.Second) // the slow writer's rows stay locked, unsealed
+			return nil
+		})
+	}()
+
+	seen := map[feed.Key]string{}
+	var last feed.Seq
+	read := func() {
+		b, err := s.ReadBatch(ctx, f, last, feed.BatchLimit{Records: 50})
+		if err != nil {
+			t.Fatalf("ReadBatch: %v", err)
+		}
+		for _, r := range b.Records {
+			if r.Seq <= last {
+				t.Fatalf("the reader at seq %d was handed seq %d: a row appeared below one already read", last, r.Seq)
+			}
+			last = r.Seq
+			seen[r.Key] = string(r.Doc)
+			if r.Key == "probe" && probeKey.Load() != nil {
+				select {
+				case <-probeSealed:
+				default:
+					close(probeSealed)
+				}
+			}
+		}
+	}
+	var slowErr error
+	slowFinished := false
+	for !slowFinished {
+		select {
+		case err := <-errs:
+			t.Fatalf("writer or sealer: %v", err)
+		case slowErr = <-slowDone:
+			slowFinished = true
+		default:
+			read()
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if slowErr != nil {
+		t.Fatalf("slow writer: %v", slowErr)
+	}
+	// A little more traffic after the slow commit, then quiet.
+	time.Sleep(300 * time.Millisecond)
+	stopWriting()
+	for {
+		read()
+		desc, err := s.Describe(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if desc.Unsealed == 0 && last == desc.Head {
+			break
+		}
+		select {
+		case err := <-errs:
+			t.Fatalf("writer or sealer: %v", err)
+		default:
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stopSealing()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("writer or sealer: %v", err)
+	}
+	want := map[feed.Key]string{}
+	rows, err := d.pool.Query(ctx, `SELECT key, v FROM `+app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		var v int64
+		if err := rows.Scan(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		want[feed.Key(k)] = fmt.Sprintf(`{"v": %d}`, v)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if got := feedDocs(t, s, f); !maps.Equal(got, want) {
+		t.Errorf("the sealed feed differs from the plain table:\n feed  %v\n table %v", got, want)
+	}
+	if !maps.Equal(seen, want) {
+		t.Errorf("what the tailing reader holds differs from the plain table:\n reader %v\n table  %v", seen, want)
+	}
+	if len(want) < 60 {
+		t.Errorf("only %d keys written; the writers did too little to prove anything", len(want))
+	}
+	t.Logf("%d commits, head %d", counter.Load(), last)
+}
