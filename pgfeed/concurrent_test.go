@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -146,7 +147,8 @@ func TestConcurrentModeBasics(t *testing.T) {
 // each in the same transaction as a row of a plain table, while a 16th holds
 // a transaction that wrote three keys (one shared) open for two seconds, and
 // two sealing loops run at once (as when the sealer lease changes hands while
-// the old holder's round is in flight) beside RunSealer. A reader tails the
+// the old holder's round is in flight), each round held open up to 3 ms
+// before its commit, beside RunSealer. A reader tails the
 // sealed rows all along. No seq may ever appear below one already read; a
 // commit made while the slow writer is open must be sealed before it
 // commits (a round must not wait for an open writer); and once everything
@@ -155,7 +157,10 @@ func TestConcurrentModeBasics(t *testing.T) {
 func TestConcurrentCommitOrder(t *testing.T) {
 	t.Parallel()
 	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
-	s := newStore(t, d, pgfeed.Options{})
+	s := newStore(t, d, pgfeed.Options{}) // the reader's and the sealers' pool
+	// The writers' own pool, one connection each and some to spare, so
+	// that writers blocked on a held key never starve the reader.
+	writers := pgtest.PoolWith(t, pgtest.URL(), func(c *pgxpool.Config) { c.MaxConns = 24 })
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	const f = feed.FeedName("order")
@@ -166,7 +171,7 @@ func TestConcurrentCommitOrder(t *testing.T) {
 	}
 	var counter atomic.Int64
 	commit := func(ctx context.Context, keys []string, hold func() error) error {
-		return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		return pgx.BeginFunc(ctx, writers, func(tx pgx.Tx) error {
 			var changes []feed.Change
 			for _, k := range keys {
 				v := counter.Add(1)
@@ -202,10 +207,9 @@ func TestConcurrentCommitOrder(t *testing.T) {
 	for range 2 {
 		run(func() error {
 			for sealCtx.Err() == nil {
-				if _, err := s.SealRound(sealCtx, f); err != nil && sealCtx.Err() == nil {
+				if _, err := pgfeed.SealRoundHeld(sealCtx, s, f, time.Duration(rand.N(3000))*time.Microsecond); err != nil && sealCtx.Err() == nil {
 					return err
 				}
-				time.Sleep(time.Duration(rand.N(3000)) * time.Microsecond)
 			}
 			return nil
 		})
@@ -227,16 +231,38 @@ func TestConcurrentCommitOrder(t *testing.T) {
 	probeSealed := make(chan struct{})
 	var probeKey atomic.Value
 	slowDone := make(chan error, 1)
+	gens := pgx.Identifier{d.schema, "feed_generations"}.Sanitize()
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		slowDone <- commit(ctx, []string{"slow-a", "k07", "slow-b"}, func() error {
+		// Rounds are held off (the feed lock, as a round takes it) while
+		// "held" commits, so that it is still unsealed when the slow writer
+		// rewrites it: a round then finds a visible unsealed row that an
+		// open writer holds.
+		blocker, err := writers.Begin(ctx)
+		if err != nil {
+			slowDone <- err
+			return
+		}
+		defer func() { _ = blocker.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := blocker.Exec(ctx, `SELECT 1 FROM `+gens+` WHERE feed = $1 FOR NO KEY UPDATE`, string(f)); err != nil {
+			slowDone <- err
+			return
+		}
+		if err := commit(ctx, []string{"held"}, nil); err != nil {
+			slowDone <- err
+			return
+		}
+		slowDone <- commit(ctx, []string{"slow-a", "held", "k07", "slow-b"}, func() error {
+			if err := blocker.Rollback(ctx); err != nil {
+				return err
+			}
 			if err := commit(ctx, []string{"probe"}, nil); err != nil {
 				return err
 			}
 			probeKey.Store(true)
 			select {
 			case <-probeSealed:
-			case <-time.After(20 * time.Second):
+			case <-time.After(10 * time.Second):
 				return errors.New("a commit made while the slow writer was open was not sealed before it committed: a round waits for open writers")
 			}
 			time.Sleep(2 * time.Second) // the slow writer's rows stay locked, unsealed
@@ -285,13 +311,19 @@ func TestConcurrentCommitOrder(t *testing.T) {
 	// A little more traffic after the slow commit, then quiet.
 	time.Sleep(300 * time.Millisecond)
 	stopWriting()
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		read()
+		if time.Now().After(deadline) {
+			desc, _ := s.Describe(ctx, f)
+			t.Fatalf("30 s after the writers stopped: %d rows unsealed, the reader at %d, head %d", desc.Unsealed, last, desc.Head)
+		}
 		desc, err := s.Describe(ctx, f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if desc.Unsealed == 0 && last == desc.Head {
+		before := last
+		read()
+		if desc.Unsealed == 0 && last == before {
 			break
 		}
 		select {

@@ -180,12 +180,21 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName) (int, error) {
 		}
 	}
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.sql.sealLock, string(f)); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).Scan(&n, &notified)
+		var err error
+		n, err = s.sealIn(ctx, tx, f)
+		return err
 	})
 	return int(n), err
+}
+
+// sealIn is a round's two statements inside tx.
+func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName) (int64, error) {
+	var n, notified int64
+	if _, err := tx.Exec(ctx, s.sql.sealLock, string(f)); err != nil {
+		return 0, err
+	}
+	err := tx.QueryRow(ctx, s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).Scan(&n, &notified)
+	return n, err
 }
 
 // RunSealer seals f's unsealed rows until ctx ends, while f is in the
