@@ -366,3 +366,134 @@ func TestConcurrentCommitOrder(t *testing.T) {
 	}
 	t.Logf("%d commits, head %d", counter.Load(), last)
 }
+
+// TestConcurrentResetWaitsForOpenWriters: a reset while a writer holds an
+// unsealed write open waits for that writer, and removes what it committed,
+// so nothing of the old generation is sealed into the new one; a write after
+// the reset lands in the new generation. A reset that took only the lock its
+// upsert takes (NO KEY UPDATE) would let the open writer through, and its
+// row would be sealed in the new generation.
+func TestConcurrentResetWaitsForOpenWriters(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s := newStore(t, d, pgfeed.Options{})
+	ctx := t.Context()
+	const f = feed.FeedName("reset")
+	concurrentFeed(t, s, f)
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("sealed", []byte(`1`)), feed.Put("unsealed", []byte(`1`))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SealRound(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("unsealed", []byte(`2`))}); err != nil {
+		t.Fatal(err)
+	}
+	open, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = open.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := s.Write(ctx, open, f, []feed.Change{feed.Put("old", []byte(`"old generation"`))}); err != nil {
+		t.Fatal(err)
+	}
+	reset := make(chan error, 1)
+	var resetAt atomic.Int64
+	go func() {
+		reset <- pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+			if _, err := s.ResetTx(ctx, tx, f); err != nil {
+				return err
+			}
+			_, err := s.Write(ctx, tx, f, []feed.Change{feed.Put("rebuilt", []byte(`"new"`))})
+			resetAt.Store(time.Now().UnixNano())
+			return err
+		})
+	}()
+	time.Sleep(300 * time.Millisecond) // the reset, if it does not wait, is done by now
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	committedAt := time.Now().UnixNano()
+	if err := <-reset; err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	if resetAt.Load() < committedAt {
+		t.Errorf("the reset went on while a writer of the old generation was open")
+	}
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("after", []byte(`"new"`))}); err != nil {
+		t.Fatal(err)
+	}
+	sealAll(t, s, f)
+	b, err := s.ReadBatch(ctx, f, 0, feed.BatchLimit{Records: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[feed.Key]string{}
+	for _, r := range b.Records {
+		got[r.Key] = string(r.Doc)
+	}
+	want := map[feed.Key]string{"rebuilt": `"new"`, "after": `"new"`}
+	if b.Generation != 2 || !maps.Equal(got, want) {
+		t.Fatalf("after the reset: generation %d, feed %v; want generation 2, %v", b.Generation, got, want)
+	}
+}
+
+// TestConcurrentCollectKeepsPendingPut: a tombstone every sink has passed is
+// not collected while a put of its key waits unsealed (collecting it would
+// drop the put with the row); once sealed, the put is in the feed.
+func TestConcurrentCollectKeepsPendingPut(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s := newStore(t, d, pgfeed.Options{})
+	ctx := t.Context()
+	const f = feed.FeedName("collect")
+	concurrentFeed(t, s, f)
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("k", []byte(`1`)), feed.Put("other", []byte(`1`))}); err != nil {
+		t.Fatal(err)
+	}
+	sealAll(t, s, f)
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Delete("k")}); err != nil {
+		t.Fatal(err)
+	}
+	sealAll(t, s, f)
+	head, _ := s.Head(ctx, f)
+	id := feed.SinkID{Feed: f, Sink: "s"}
+	l, err := s.AcquireLease(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(context.WithoutCancel(ctx)) }()
+	if err := s.CASCursor(ctx, feed.CursorMove{ID: id, Holder: l.Holder(), Next: feed.Cursor{Generation: 1, Seq: head}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("k", []byte(`2`))}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.CollectTombstones(ctx, f); err != nil || n != 0 {
+		t.Fatalf("CollectTombstones = %d, %v; want 0: the tombstone's key has an unsealed put", n, err)
+	}
+	sealAll(t, s, f)
+	if got := feedDocs(t, s, f); got["k"] != `2` {
+		t.Fatalf("after sealing: k = %q; want the put 2", got["k"])
+	}
+	// Retrying a parked key that was never sealed restamps nothing.
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("fresh", []byte(`1`))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{d.schema, "feed_parked"}.Sanitize()+` (feed, sink, key, seq, reason, parked_at) VALUES ($1, 's', 'fresh', 1, 'r', now())`, string(f)); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.Head(ctx, f)
+	if _, err := s.RetryParked(ctx, id, "fresh"); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := s.Head(ctx, f); h != before {
+		t.Fatalf("RetryParked of a never-sealed key moved the head from %d to %d", before, h)
+	}
+	if n := sealAll(t, s, f); n != 1 {
+		t.Fatalf("sealed %d; want the one fresh row", n)
+	}
+	if got := feedDocs(t, s, f); got["fresh"] != `1` {
+		t.Fatalf("fresh = %q after sealing; want 1", got["fresh"])
+	}
+}
