@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -496,4 +499,194 @@ func TestConcurrentCollectKeepsPendingPut(t *testing.T) {
 	if got := feedDocs(t, s, f); got["fresh"] != `1` {
 		t.Fatalf("fresh = %q after sealing; want 1", got["fresh"])
 	}
+}
+
+// TestSealerChild is not a test: TestSealerKilledMidRound runs the test
+// binary again with KAIROS_TEST_SEALER_SCHEMA set, and this becomes the
+// sealer process it kills.
+func TestSealerChild(t *testing.T) {
+	schema := os.Getenv("KAIROS_TEST_SEALER_SCHEMA")
+	if schema == "" {
+		t.Skip("the child process of TestSealerKilledMidRound")
+	}
+	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s, err := pgfeed.New(context.Background(), pool, pgfeed.Options{Schema: schema, Lease: sealerLease, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.RunSealer(context.Background(), "killed")
+}
+
+// sealerLease is short, so that a killed holder's lease lapses within the
+// test.
+var sealerLease = feed.LeaseOptions{TTL: 2 * time.Second, Heartbeat: 400 * time.Millisecond}
+
+// TestSealerKilledMidRound: the sealer, a process of its own, holds the
+// lease and is caught inside a round (its feed lock waits behind the test's);
+// the process is SIGKILLed and its backend terminated; another sealer takes
+// the lease over once it lapses. Writers commit all along, each value once.
+// Nothing is lost (the feed ends equal to a plain table written in the same
+// transactions) and nothing is sealed twice (no value is read at two seqs,
+// and no seq below one read appears).
+func TestSealerKilledMidRound(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s := newStore(t, d, pgfeed.Options{Lease: sealerLease})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const f = feed.FeedName("killed")
+	concurrentFeed(t, s, f)
+	app := pgx.Identifier{d.schema, "app"}.Sanitize()
+	gens := pgx.Identifier{d.schema, "feed_generations"}.Sanitize()
+	if _, err := d.pool.Exec(ctx, `CREATE TABLE `+app+` (key text PRIMARY KEY, v bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	writers := pgtest.PoolWith(t, pgtest.URL(), func(c *pgxpool.Config) { c.MaxConns = 8 })
+
+	child := exec.Command(os.Args[0], "-test.run=^TestSealerChild$", "-test.count=1")
+	child.Env = append(os.Environ(), "KAIROS_TEST_SEALER_SCHEMA="+d.schema)
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("30 s without %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	var childHolder feed.LeaseHolder
+	waitUntil("the child taking the sealer lease", func() bool {
+		desc, err := s.Describe(ctx, f)
+		if err == nil && desc.Sealer != nil {
+			childHolder = desc.Sealer.Holder
+		}
+		return childHolder != ""
+	})
+
+	var counter atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	writeCtx, stopWriting := context.WithCancel(ctx)
+	defer stopWriting()
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for writeCtx.Err() == nil {
+				k, v := fmt.Sprintf("k%02d", (w*7+int(counter.Load()))%40), counter.Add(1)
+				err := pgx.BeginFunc(writeCtx, writers, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(writeCtx, `INSERT INTO `+app+` (key, v) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET v = excluded.v`, k, v); err != nil {
+						return err
+					}
+					_, err := s.Write(writeCtx, tx, f, []feed.Change{feed.Put(feed.Key(k), []byte(fmt.Sprintf(`{"v": %d}`, v)))})
+					return err
+				})
+				if err != nil && writeCtx.Err() == nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+
+	seen := map[feed.Key]string{}
+	values := map[string]feed.Seq{}
+	var last feed.Seq
+	read := func() {
+		b, err := s.ReadBatch(ctx, f, last, feed.BatchLimit{Records: 100})
+		if err != nil {
+			t.Fatalf("ReadBatch: %v", err)
+		}
+		for _, r := range b.Records {
+			if r.Seq <= last {
+				t.Fatalf("the reader at seq %d was handed seq %d", last, r.Seq)
+			}
+			if at, twice := values[string(r.Doc)]; twice {
+				t.Fatalf("%s of key %s sealed twice, at seqs %d and %d", r.Doc, r.Key, at, r.Seq)
+			}
+			values[string(r.Doc)] = r.Seq
+			last, seen[r.Key] = r.Seq, string(r.Doc)
+		}
+	}
+	for range 20 {
+		read()
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// Catch the child inside a round: hold the feed lock, and wait for its
+	// backend to wait for it.
+	blocker, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM `+gens+` WHERE feed = $1 FOR NO KEY UPDATE`, string(f)); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	waitUntil("the child's round waiting for the feed lock", func() bool {
+		err := d.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%' AND query LIKE '%`+d.schema+`%'`).Scan(&pid)
+		return err == nil
+	})
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	if _, err := d.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The successor: it takes over once the child's lease lapses.
+	sealCtx, stopSealing := context.WithCancel(ctx)
+	defer stopSealing()
+	sealed := make(chan error, 1)
+	go func() { sealed <- s.RunSealer(sealCtx, f) }()
+	waitUntil("a successor taking the lease", func() bool {
+		read()
+		desc, err := s.Describe(ctx, f)
+		return err == nil && desc.Sealer != nil && desc.Sealer.Holder != childHolder
+	})
+	for range 30 {
+		read()
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopWriting()
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatalf("writer: %v", err)
+	default:
+	}
+	waitUntil("everything sealed and read", func() bool {
+		desc, err := s.Describe(ctx, f)
+		before := last
+		read()
+		return err == nil && desc.Unsealed == 0 && last == before
+	})
+	stopSealing()
+	if err := <-sealed; err != nil {
+		t.Fatalf("RunSealer: %v", err)
+	}
+	want := map[feed.Key]string{}
+	rows, _ := d.pool.Query(ctx, `SELECT key, v FROM `+app)
+	for rows.Next() {
+		var k string
+		var v int64
+		if err := rows.Scan(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		want[feed.Key(k)] = fmt.Sprintf(`{"v": %d}`, v)
+	}
+	if got := feedDocs(t, s, f); !maps.Equal(got, want) || !maps.Equal(seen, want) {
+		t.Fatalf("after the takeover:\n feed   %v\n reader %v\n table  %v", got, seen, want)
+	}
+	t.Logf("%d commits, %d values read, head %d", counter.Load(), len(values), last)
 }
