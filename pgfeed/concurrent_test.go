@@ -81,67 +81,85 @@ func TestConcurrentModeBasics(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			d := setup(t, pgtest.URL(), m.mode)
-			s := newStore(t, d, pgfeed.Options{})
-			ctx := t.Context()
-			const f = feed.FeedName("conc")
-			concurrentFeed(t, s, f)
-			res, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("a", []byte(`{"v":1}`)), feed.Put("b", []byte(`{"v":1}`))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Generation != 1 || res.First != 0 || res.Last != 0 || !slices.Equal(res.Unsealed, []feed.Key{"a", "b"}) {
-				t.Fatalf("concurrent write's result = %+v; want generation 1, no seqs, keys a b unsealed", res)
-			}
-			if b, _ := s.ReadBatch(ctx, f, 0, feed.BatchLimit{Records: 10}); len(b.Records) != 0 || b.Head != 0 {
-				t.Fatalf("before sealing: read %v head %d; want nothing, head 0", b.Records, b.Head)
-			}
-			desc, err := s.Describe(ctx, f)
-			if err != nil || desc.Mode != feed.WriteConcurrent || desc.Unsealed != 2 {
-				t.Fatalf("Describe = %+v, %v; want mode concurrent, 2 unsealed", desc, err)
-			}
-			tr, err := s.Trace(ctx, f, "a")
-			if err != nil || tr.Found || !tr.Unsealed || string(tr.UnsealedDoc) != `{"v": 1}` {
-				t.Fatalf("Trace(a) = %+v, %v; want not found, unsealed {\"v\": 1}", tr, err)
-			}
-			if n := sealAll(t, s, f); n != 2 {
-				t.Fatalf("sealed %d rows; want 2", n)
-			}
-			if got := feedDocs(t, s, f); len(got) != 2 || got["a"] != `{"v": 1}` {
-				t.Fatalf("after sealing: %v", got)
-			}
-			if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("a", []byte(`{"v":2}`)), feed.Delete("b"), feed.Delete("c")}); err != nil {
-				t.Fatal(err)
-			}
-			if got := feedDocs(t, s, f); got["a"] != `{"v": 1}` || got["b"] != `{"v": 1}` {
-				t.Fatalf("the sealed versions must stay readable while newer writes wait: %v", got)
-			}
-			tr, _ = s.Trace(ctx, f, "a")
-			if !tr.Found || tr.Seq == 0 || !tr.Unsealed || string(tr.UnsealedDoc) != `{"v": 2}` {
-				t.Fatalf("Trace(a) = %+v; want the sealed version and the unsealed {\"v\": 2}", tr)
-			}
-			if n := sealAll(t, s, f); n != 3 {
-				t.Fatalf("sealed %d rows; want 3", n)
-			}
-			got := feedDocs(t, s, f)
-			if got["a"] != `{"v": 2}` || got["b"] != "" || got["c"] != "" || len(got) != 3 {
-				t.Fatalf("after the second seal: %v; want a {\"v\": 2}, b and c tombstones", got)
-			}
-			head, _ := s.Head(ctx, f)
-			if head != 5 {
-				t.Fatalf("head %d; want 5 (two rounds, 2 and 3 rows)", head)
-			}
-			if n := sealAll(t, s, f); n != 0 {
-				t.Fatalf("an idle round sealed %d", n)
-			}
-			if h, _ := s.Head(ctx, f); h != head {
-				t.Fatalf("an idle round moved the head to %d", h)
-			}
-			desc, _ = s.Describe(ctx, f)
-			if desc.Unsealed != 0 {
-				t.Fatalf("Describe after sealing: %d unsealed", desc.Unsealed)
-			}
+			concurrentBasics(t, setup(t, pgtest.URL(), m.mode))
 		})
+	}
+}
+
+// TestConcurrentModeThroughPgBouncer runs the same through PgBouncer in
+// transaction mode, in the two exec modes a transaction pooler allows: the
+// sealer's round is a batch, one implicit transaction, which a pooler keeps
+// on one server connection.
+func TestConcurrentModeThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	url := pgbouncerURL(t)
+	for _, m := range modes[1:] {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			concurrentBasics(t, setup(t, url, m.mode))
+		})
+	}
+}
+
+func concurrentBasics(t *testing.T, d db) {
+	s := newStore(t, d, pgfeed.Options{})
+	ctx := t.Context()
+	const f = feed.FeedName("conc")
+	concurrentFeed(t, s, f)
+	res, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("a", []byte(`{"v":1}`)), feed.Put("b", []byte(`{"v":1}`))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Generation != 1 || res.First != 0 || res.Last != 0 || !slices.Equal(res.Unsealed, []feed.Key{"a", "b"}) {
+		t.Fatalf("concurrent write's result = %+v; want generation 1, no seqs, keys a b unsealed", res)
+	}
+	if b, _ := s.ReadBatch(ctx, f, 0, feed.BatchLimit{Records: 10}); len(b.Records) != 0 || b.Head != 0 {
+		t.Fatalf("before sealing: read %v head %d; want nothing, head 0", b.Records, b.Head)
+	}
+	desc, err := s.Describe(ctx, f)
+	if err != nil || desc.Mode != feed.WriteConcurrent || desc.Unsealed != 2 {
+		t.Fatalf("Describe = %+v, %v; want mode concurrent, 2 unsealed", desc, err)
+	}
+	tr, err := s.Trace(ctx, f, "a")
+	if err != nil || tr.Found || !tr.Unsealed || string(tr.UnsealedDoc) != `{"v": 1}` {
+		t.Fatalf("Trace(a) = %+v, %v; want not found, unsealed {\"v\": 1}", tr, err)
+	}
+	if n := sealAll(t, s, f); n != 2 {
+		t.Fatalf("sealed %d rows; want 2", n)
+	}
+	if got := feedDocs(t, s, f); len(got) != 2 || got["a"] != `{"v": 1}` {
+		t.Fatalf("after sealing: %v", got)
+	}
+	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("a", []byte(`{"v":2}`)), feed.Delete("b"), feed.Delete("c")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := feedDocs(t, s, f); got["a"] != `{"v": 1}` || got["b"] != `{"v": 1}` {
+		t.Fatalf("the sealed versions must stay readable while newer writes wait: %v", got)
+	}
+	tr, _ = s.Trace(ctx, f, "a")
+	if !tr.Found || tr.Seq == 0 || !tr.Unsealed || string(tr.UnsealedDoc) != `{"v": 2}` {
+		t.Fatalf("Trace(a) = %+v; want the sealed version and the unsealed {\"v\": 2}", tr)
+	}
+	if n := sealAll(t, s, f); n != 3 {
+		t.Fatalf("sealed %d rows; want 3", n)
+	}
+	got := feedDocs(t, s, f)
+	if got["a"] != `{"v": 2}` || got["b"] != "" || got["c"] != "" || len(got) != 3 {
+		t.Fatalf("after the second seal: %v; want a {\"v\": 2}, b and c tombstones", got)
+	}
+	head, _ := s.Head(ctx, f)
+	if head != 5 {
+		t.Fatalf("head %d; want 5 (two rounds, 2 and 3 rows)", head)
+	}
+	if n := sealAll(t, s, f); n != 0 {
+		t.Fatalf("an idle round sealed %d", n)
+	}
+	if h, _ := s.Head(ctx, f); h != head {
+		t.Fatalf("an idle round moved the head to %d", h)
+	}
+	desc, _ = s.Describe(ctx, f)
+	if desc.Unsealed != 0 {
+		t.Fatalf("Describe after sealing: %d unsealed", desc.Unsealed)
 	}
 }
 
