@@ -19,8 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/feed/memfeed"
 	"github.com/kairos-es/kairos/internal/pgtest"
 	"github.com/kairos-es/kairos/pgfeed"
+	"github.com/kairos-es/kairos/syncer"
 )
 
 // concurrentFeed makes f a feed of the concurrent write mode on s.
@@ -707,4 +709,45 @@ func TestSealerKilledMidRound(t *testing.T) {
 		t.Fatalf("after the takeover:\n feed   %v\n reader %v\n table  %v", got, seen, want)
 	}
 	t.Logf("%d commits, %d values read, head %d", counter.Load(), len(values), last)
+}
+
+// TestConcurrentRunnerSealsAndWaits: a syncer.Runner over the store seals a
+// concurrent-mode feed with no sealer of the test's own, and WaitApplied on
+// a concurrent write's result (keys, no seqs) waits for the sealing and
+// then for the sink, which then holds the write.
+func TestConcurrentRunnerSealsAndWaits(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s := newStore(t, d, pgfeed.Options{})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const f = feed.FeedName("waited")
+	concurrentFeed(t, s, f)
+	sink := memfeed.NewSink(memfeed.SinkOptions{})
+	id := feed.SinkID{Feed: f, Sink: "mem"}
+	r, err := syncer.NewRunner(s, []syncer.Target{{ID: id, Sink: sink}}, syncer.Options{PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	for i := range 5 {
+		res, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("a", []byte(fmt.Sprintf(`{"i": %d}`, i))), feed.Put(feed.Key(fmt.Sprintf("k%d", i)), []byte(`1`))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		out, err := syncer.WaitApplied(wctx, s, id, res, syncer.WaitOptions{})
+		wcancel()
+		if err != nil || out.Outcome != syncer.OutcomeApplied {
+			t.Fatalf("WaitApplied = %+v, %v; want applied", out, err)
+		}
+		if got := string(sink.Documents()["a"]); got != fmt.Sprintf(`{"i": %d}`, i) {
+			t.Fatalf("after WaitApplied the sink has a = %s; want write %d's", got, i)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }

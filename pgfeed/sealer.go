@@ -350,3 +350,35 @@ func (s *Store) takeSealer(ctx context.Context, f feed.FeedName) (*leaserow.Leas
 		},
 	}), nil
 }
+
+// SealedRange says where a concurrent-mode write of keys stands, for
+// read-your-writes (syncer.WaitApplied): sealed is false while any of the
+// keys' rows waits unsealed, its write or a later one; once none does, first
+// and last are the lowest and highest seq of the keys' rows, each the
+// write's own or a later write's, and gen the feed's generation, in the same
+// snapshot. A key with no row (a delete whose tombstone was collected, or a
+// reset that emptied the feed) plays no part. It is for implementers.
+func (s *Store) SealedRange(ctx context.Context, f feed.FeedName, keys []feed.Key) (gen feed.Generation, first, last feed.Seq, sealed bool, err error) {
+	if err := f.Validate(); err != nil {
+		return 0, 0, 0, false, err
+	}
+	ks := make([]string, len(keys))
+	for i, k := range keys {
+		ks[i] = string(k)
+	}
+	var (
+		g        int64
+		lo, hi   *int64
+		unsealed bool
+	)
+	if err := s.db.QueryRow(ctx, s.sql.sealedRange, string(f), ks).Scan(&g, &lo, &hi, &unsealed); err != nil {
+		return 0, 0, 0, false, feed.Unreadable("reading the seal of a write to feed "+string(f), err)
+	}
+	if unsealed {
+		return feed.Generation(g), 0, 0, false, nil
+	}
+	if lo != nil {
+		first, last = feed.Seq(*lo), feed.Seq(*hi)
+	}
+	return feed.Generation(g), first, last, true, nil
+}

@@ -61,6 +61,10 @@ type statements struct {
 	// it FOR UPDATE (every writer of either mode waits, and is waited for)
 	// and updateMode records the mode.
 	setMode, updateMode string
+	// sealedRange reads, in one snapshot, the feed's generation and, over
+	// the given keys' rows, the lowest and highest seq and whether any still
+	// waits unsealed.
+	sealedRange string
 	// reset takes the feed lock and moves the generation on (a never-written
 	// feed goes from 1 to 2); emptyFeed then deletes the feed's rows and
 	// notifies. Two statements, not one: a statement that waited for the
@@ -239,6 +243,10 @@ RETURNING 1`,
 		clearSealer: `UPDATE ` + sl + ` SET lease_holder = NULL, lease_expires_at = NULL WHERE feed = $1::text AND lease_holder = $2::text`,
 		setMode:     `INSERT INTO ` + g + ` (feed) VALUES ($1::text) ON CONFLICT (feed) DO NOTHING`,
 		updateMode:  `UPDATE ` + g + ` SET write_mode = $2::text WHERE feed = $1::text`,
+
+		sealedRange: `SELECT coalesce((SELECT generation FROM ` + g + ` WHERE feed = $1::text), 1),
+	min(seq), max(seq), coalesce(bool_or(pending), false)
+FROM ` + r + ` WHERE feed = $1::text AND key = ANY ($2::text[])`,
 
 		reset: `INSERT INTO ` + g + ` AS g (feed, generation) VALUES ($1::text, 2)
 ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
