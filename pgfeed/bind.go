@@ -66,9 +66,9 @@ func renameInvalid(err error, field string) error {
 // never-written feed's when absent) inside the caller's tx, until tx's end: the lock a
 // Write takes first, of the feed's mode. In the locked mode that is FOR
 // UPDATE, as a RetryParked and a ResetTx take it; in the concurrent mode it
-// is KEY SHARE, as a concurrent writer takes it, so projections committing
-// to one feed do not wait for each other, and a ResetTx still waits for
-// them. A caller that will write other rows and then the feed takes it
+// is the write lock, shared, as a concurrent writer takes it, so projections
+// committing to one feed do not wait for each other, and a ResetTx still
+// waits for them. A caller that will write other rows and then the feed takes it
 // before them, so that it takes its locks in the order a reset does.
 func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) error {
 	if tx == nil {
@@ -83,6 +83,9 @@ func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) error {
 		return fail(err)
 	}
 	if mode == feed.WriteConcurrent {
+		if _, err := tx.Exec(ctx, s.sql.shareWrite, s.writeKey(f)); err != nil {
+			return fail(err)
+		}
 		var one int
 		err := tx.QueryRow(ctx, s.sql.shareFeed, string(f)).Scan(&one)
 		if err == nil {

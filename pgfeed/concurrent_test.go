@@ -766,3 +766,50 @@ func TestConcurrentRunnerSealsAndWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestConcurrentLockTxHoldsResetBack: in the concurrent mode LockTx takes
+// the write lock a concurrent writer takes, so two projections' commits
+// holding it do not wait for each other, and a reset waits for both.
+func TestConcurrentLockTxHoldsResetBack(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	s := newStore(t, d, pgfeed.Options{})
+	ctx := t.Context()
+	const f = feed.FeedName("locktx")
+	concurrentFeed(t, s, f)
+	var held []pgx.Tx
+	for range 2 {
+		tx, err := d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = s.LockTx(lctx, tx, f)
+		cancel()
+		if err != nil {
+			t.Fatalf("LockTx beside another holder: %v", err)
+		}
+		held = append(held, tx)
+	}
+	reset := make(chan error, 1)
+	go func() {
+		reset <- pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+			_, err := s.ResetTx(ctx, tx, f)
+			return err
+		})
+	}()
+	select {
+	case err := <-reset:
+		t.Fatalf("the reset ended (%v) while two LockTx holders were open", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	for _, tx := range held {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-reset; err != nil {
+		t.Fatal(err)
+	}
+}

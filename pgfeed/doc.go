@@ -71,15 +71,17 @@
 // and prefix, the feed's name as payload), which PostgreSQL serialises
 // cluster-wide too.
 //
-// Concurrent mode. A write takes the generations row only FOR KEY SHARE and
-// upserts each key's row unsealed (pending, pending_doc), leaving its sealed
-// seq and doc as they are; it sends no notify. One sealer per feed, under a
-// lease of its own (RunSealer; a syncer.Runner runs it), seals in rounds: a
-// round is one transaction that takes the generations row FOR NO KEY
-// UPDATE, then, in a statement of its own and so a snapshot taken after that
-// lock, moves up to SealerOptions.Limit unsealed rows that no open writer
-// holds (FOR UPDATE SKIP LOCKED) to sealed at head+1.., moves the head past
-// them, and notifies once. The argument: rounds are serialised by that row
+// Concurrent mode. A write takes the feed's write lock shared (a
+// transaction-level advisory lock, held to its commit) and then, in a
+// statement of its own, upserts each key's row unsealed (pending,
+// pending_doc), leaving its sealed seq and doc as they are; it locks no
+// generations row and sends no notify. One sealer per feed, under a lease of
+// its own (RunSealer; a syncer.Runner runs it), seals in rounds: a round is
+// one transaction that takes the generations row FOR NO KEY UPDATE, then, in
+// a statement of its own and so a snapshot taken after that lock, moves up
+// to SealerOptions.Limit unsealed rows that no open writer holds (FOR UPDATE
+// SKIP LOCKED) to sealed at head+1.., moves the head past them, and
+// notifies once. The argument: rounds are serialised by that row
 // lock, held to each round's commit, and each hands out seqs above every
 // seq an earlier round handed out, so the seqs of one round become visible
 // after those of every earlier round, and seq order is commit order for
@@ -89,10 +91,11 @@
 // seals it with that writer's value once it commits, at a seq above all
 // that were visible before. A writer's commit after a round's snapshot is
 // simply sealed by the next round. Two sealers at once (a lease changing
-// hands while the old holder's round is in flight) only take turns. KEY
-// SHARE conflicts with neither that lock nor another writer's, so writers of
-// different keys never wait for each other, and writers of one key
-// serialise on its row as on the application's own. What this mode gives up:
+// hands while the old holder's round is in flight) only take turns. A
+// shared lock waits for no other, so writers of different keys never wait
+// for each other (a writer waits for a round only while the round holds its
+// key's row, being sealed), and writers of one key serialise on its row as
+// on the application's own. What this mode gives up:
 // a transaction's several keys are sealed by whichever rounds find them, so
 // they may be apart in seq order, or interleaved with another transaction's
 // (guarantee 2 is per key; each key's rows still rise in commit order), and
@@ -104,13 +107,14 @@
 // keys to be sealed (SealedRange, syncer.WaitApplied).
 //
 // RetryParked takes FOR NO KEY UPDATE too (it restamps a sealed row as a
-// round would; a row never sealed is the sealer's). ResetTx takes FOR UPDATE,
-// the one lock that conflicts with KEY SHARE: the reset waits for every open
-// writer of either mode, and its delete, a later statement and so a later
-// snapshot, removes every row they committed, unsealed ones included, so no
-// row of the old generation is sealed into the new one; a writer that comes
-// after waits for the reset and writes into the new generation. Collection
-// leaves alone a tombstone whose key has an unsealed write.
+// round would; a row never sealed is the sealer's). ResetTx takes the write
+// lock exclusive, then the generations row FOR UPDATE: the reset waits for
+// every open writer of either mode, and its delete, a later statement and so
+// a later snapshot, removes every row they committed, unsealed ones
+// included, so no row of the old generation is sealed into the new one; a
+// writer that comes after waits for the reset, and its upsert, a statement
+// after its lock, writes into the new generation. Collection leaves alone a
+// tombstone whose key has an unsealed write.
 //
 // Which mode: the locked mode for a feed written by one projection or
 // process committing in batches (its writes cost about what the raw rows

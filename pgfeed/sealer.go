@@ -81,9 +81,9 @@ func (o SealerOptions) resolve() (SealerOptions, error) {
 
 // SetWriteMode moves f to mode, in one transaction of its own; see the
 // package doc's "Commit order" for when to choose which. It takes the feed's
-// generations row FOR UPDATE (creating it, as a never-written feed's, when
-// absent), which waits for every open writer of either mode and holds back
-// every new one until it commits. Moving to the locked mode first seals
+// write lock exclusive and its generations row FOR UPDATE (creating it, as a
+// never-written feed's, when absent), which waits for every open writer of
+// either mode and holds back every new one until it commits. Moving to the locked mode first seals
 // every unsealed row, so the locked mode never meets one. Processes that
 // cached the old mode find out at their next write (see Write).
 //
@@ -103,12 +103,16 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 		if _, err := tx.Exec(ctx, s.sql.setMode, string(f)); err != nil {
 			return err
 		}
+		if _, err := tx.Exec(ctx, s.sql.excludeWrite, s.writeKey(f)); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.sql.lockReset, string(f)); err != nil {
 			return err
 		}
 		if mode == feed.WriteLocked {
 			// Every writer that wrote has committed or rolled back (they
-			// hold KEY SHARE to their end), so no row lock is left to skip.
+			// hold the write lock to their end), so no row lock is left to
+			// skip.
 			for {
 				var n, notified int64
 				if err := tx.QueryRow(ctx, s.sql.seal, string(f), int64(feed.MaxBatchLimit), s.names.channel).Scan(&n, &notified); err != nil {

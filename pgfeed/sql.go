@@ -18,32 +18,37 @@ type statements struct {
 	// for the lock: both its upserts act on the latest committed row versions,
 	// not on the statement's snapshot.
 	write string
-	// writeConcurrent is the concurrent mode's write: it takes the feed's
-	// generations row FOR KEY SHARE, only while the row says the concurrent
-	// mode, and upserts each key's row unsealed (pending, the document in
-	// pending_doc), leaving its sealed seq and doc as they are. KEY SHARE
-	// does not conflict with the sealer's lock (FOR NO KEY UPDATE) nor with
-	// other writers' KEY SHARE, so writers of different keys never wait for
-	// each other; it conflicts with a reset's FOR UPDATE, so a reset waits
-	// for every open writer and a writer that comes after waits for the
-	// reset. The row lock re-reads the latest row version, so the generation
-	// returned is the one the write lands in. No row: the feed is not in the
-	// concurrent mode, and nothing was written. No notify: the sealer's
-	// round notifies, once.
+	// writeConcurrent is the concurrent mode's write, run after shareWrite
+	// in the same transaction (and so with a snapshot taken after that lock
+	// was granted): only while the feed's row says the concurrent mode, it
+	// upserts each key's row unsealed (pending, the document in
+	// pending_doc), leaving its sealed seq and doc as they are, and returns
+	// the generation the write lands in. It locks no generations row, so
+	// writers of different keys never wait for each other. No row: the feed is not in the concurrent mode, and nothing
+	// was written. No notify: the sealer's round notifies, once.
 	writeConcurrent string
+	// shareWrite and excludeWrite take the feed's write lock, a
+	// transaction-level advisory lock: shared by every concurrent writer
+	// (and LockTx in that mode) to its transaction's end, exclusive for a
+	// reset and a mode switch, which so wait for every open concurrent
+	// writer and hold back every new one until they commit. A shared
+	// advisory lock lives in the lock manager's memory: where a row lock
+	// (FOR KEY SHARE on the generations row) would make 16 writers build a
+	// multixact per new locker and write the row's lock bits to one hot
+	// heap page and the WAL, this writes nothing (BENCHMARKS.md, P6c).
+	shareWrite, excludeWrite string
 	// modeOf reads the feed's write mode ('locked' for a feed never written).
 	modeOf string
-	// shareFeed is LockTx's lock in the concurrent mode: KEY SHARE, as a
-	// concurrent writer takes it; no row when the feed is not in that mode.
+	// shareFeed is LockTx's check, under shareWrite, that the feed is still
+	// in the concurrent mode; no row when it is not.
 	shareFeed string
-	// lockReset is a reset's first statement: FOR UPDATE on the generations
-	// row, the one lock that conflicts with a concurrent writer's KEY SHARE
-	// (the reset's own upsert changes no key column, so it would take only
-	// NO KEY UPDATE and let open writers through).
+	// lockReset follows excludeWrite in a reset and a mode switch: FOR
+	// UPDATE on the generations row, which also waits for a locked writer
+	// and a sealing round in flight.
 	lockReset string
 	// sealLock is a sealing round's first statement (and RetryParked's):
 	// the feed lock, FOR NO KEY UPDATE, which serialises rounds, restamps
-	// and locked writers, and lets concurrent writers' KEY SHARE through.
+	// and locked writers; concurrent writers never take it.
 	sealLock string
 	// seal is a round's second statement, in the same transaction and so
 	// with a snapshot taken after sealLock was granted: up to $2 unsealed
@@ -57,9 +62,9 @@ type statements struct {
 	// takeSealer, renewSealer, clearSealer are the sealer's lease row,
 	// as takeRow, renewRow and clearHolder are a sink's.
 	takeSealer, renewSealer, clearSealer string
-	// setMode creates the generations row when absent; lockMode then takes
-	// it FOR UPDATE (every writer of either mode waits, and is waited for)
-	// and updateMode records the mode.
+	// setMode creates the generations row when absent; excludeWrite and
+	// lockReset then wait for every writer of either mode, and updateMode
+	// records the mode.
 	setMode, updateMode string
 	// sealedRange reads, in one snapshot, the feed's generation and, over
 	// the given keys' rows, the lowest and highest seq and whether any still
@@ -203,17 +208,19 @@ func (n names) statements() statements {
 SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
 
 		writeConcurrent: `WITH m AS (
-	SELECT generation FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent' FOR KEY SHARE
+	SELECT generation FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'
 ), w AS (
 	INSERT INTO ` + r + ` AS r (feed, key, pending, pending_doc)
 	SELECT $1::text, c.key, true, c.doc::jsonb FROM m, unnest($2::text[], $3::text[]) AS c(key, doc)
 	ON CONFLICT (feed, key) DO UPDATE SET pending = true, pending_doc = excluded.pending_doc
 )
 SELECT generation FROM m`,
-		modeOf:    `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
-		shareFeed: `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent' FOR KEY SHARE`,
-		lockReset: `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
-		sealLock:  `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
+		modeOf:       `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
+		shareFeed:    `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
+		shareWrite:   `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
+		excludeWrite: `SELECT pg_advisory_xact_lock($1::bigint)`,
+		lockReset:    `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
+		sealLock:     `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
 		seal: `WITH c AS (
 	SELECT key FROM ` + r + ` WHERE feed = $1::text AND pending ORDER BY key LIMIT $2::bigint FOR UPDATE SKIP LOCKED
 ), o AS (

@@ -213,7 +213,10 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 	for range 2 {
 		if mode == feed.WriteConcurrent {
 			var gen int64
-			err := tx.QueryRow(ctx, s.sql.writeConcurrent, string(f), keys, docs).Scan(&gen)
+			b := &pgx.Batch{}
+			b.Queue(s.sql.shareWrite, s.writeKey(f))
+			b.Queue(s.sql.writeConcurrent, string(f), keys, docs).QueryRow(func(r pgx.Row) error { return r.Scan(&gen) })
+			err := tx.SendBatch(ctx, b).Close()
 			if err == nil {
 				unsealed := make([]feed.Key, len(changes))
 				for i, c := range changes {
@@ -240,6 +243,11 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 		s.modes.Store(f, mode)
 	}
 	return fail(errors.New("the feed's write mode changed while the write ran"))
+}
+
+// writeKey is f's write lock (statements.shareWrite).
+func (s *Store) writeKey(f feed.FeedName) int64 {
+	return lockKey("write", s.names.schema, s.names.prefix, string(f))
 }
 
 // mode is f's write mode as this store last found it, read on q the first
@@ -302,9 +310,10 @@ func (s *Store) WriteCommitted(ctx context.Context, f feed.FeedName, changes []f
 	return res, nil
 }
 
-// ResetTx is a rebuild's feed half, inside the caller's tx: it takes the feed
-// lock first, FOR UPDATE (so a writer in flight, of either mode, finishes
-// before it, and one that starts after waits), moves the generation on and
+// ResetTx is a rebuild's feed half, inside the caller's tx: it takes the feed's
+// write lock exclusive and its generations row FOR UPDATE first (so a writer
+// in flight, of either mode, finishes before it, and one that starts after
+// waits), moves the generation on and
 // empties the feed, unsealed rows included, all at the caller's commit. The
 // delete is a statement of its own, after the lock, so it sees and removes
 // every row a writer it waited for committed: no unsealed row of the old
@@ -320,6 +329,9 @@ func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.G
 		return 0, err
 	}
 	var gen int64
+	if _, err := tx.Exec(ctx, s.sql.excludeWrite, s.writeKey(f)); err != nil {
+		return 0, feed.WriteFailed("resetting feed "+string(f), err)
+	}
 	if _, err := tx.Exec(ctx, s.sql.lockReset, string(f)); err != nil {
 		return 0, feed.WriteFailed("resetting feed "+string(f), err)
 	}
