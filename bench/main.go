@@ -100,6 +100,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("only", "", "comma-separated groups to run: P1,P2,P3,P4,P5,P6,D,C,M,S,K, and X (experiments on P6, never run by default)")
 	cpuprofile := fs.String("cpuprofile", "", "write the harness's CPU profile to this file")
 	stmts := fs.Bool("stmts", false, "after each group, print its statements by client-side time")
+	rate := fs.Int("rate", 0, "P3's commits per second (default 500, 100 with -tiny), for a machine that cannot keep the default")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -113,6 +114,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *runs > 0 {
 		sizes.Runs = *runs
+	}
+	if *rate < 0 {
+		fmt.Fprintf(stderr, "bench: -rate is %d; it must be at least 1\n", *rate)
+		return 2
+	}
+	if *rate > 0 {
+		sizes.LatencyRate = *rate
 	}
 	var groups []string
 	for g := range strings.SplitSeq(*only, ",") {

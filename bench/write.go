@@ -171,7 +171,8 @@ func (e *env) measureP6(ctx context.Context) ([]Row, error) {
 	out, err := interleaveN(sz.Runs,
 		func(int) (float64, error) { return run(p6Feed) },
 		func(int) (float64, error) { return run(p6Plain) },
-		func(int) (float64, error) { return run(p6Notify) })
+		func(int) (float64, error) { return run(p6Notify) },
+		func(int) (float64, error) { return run(p6Concurrent) })
 	if err != nil {
 		return nil, err
 	}
@@ -180,6 +181,8 @@ func (e *env) measureP6(ctx context.Context) ([]Row, error) {
 			"commits/s", out[0], out[1], "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 		newRow("P6 notify", "the same transactions with a pg_notify and no feed write (the wake-up's share of the cost); baseline: without either",
 			"commits/s", out[2], out[1], "figure/baseline", div, "", nil),
+		newRow("P6c", fmt.Sprintf("concurrent write mode: %d concurrent writers, one change per transaction, commit rate, the store's sealer running beside; baseline: the same transactions without the feed write", sz.Writers),
+			"commits/s", out[3], out[1], "figure/baseline", div, "≥ 0.6×", func(_, r float64) bool { return r >= 0.6 }),
 	}, nil
 }
 
@@ -196,12 +199,13 @@ const (
 	p6Unordered       // the row at a seq from a sequence, then a notify: no feed lock
 	p6UnorderedSilent // the row at a seq from a sequence, no notify
 	p6Sealed          // the row upserted unsealed, a sealer running beside (sealed.go)
+	p6Concurrent      // the feed write in pgfeed's concurrent mode, its sealer running beside
 )
 
 func (m p6Mode) String() string {
 	return [...]string{"without the feed", "with the feed write", "with a pg_notify only",
 		"feed lock and notify at commit", "no feed lock, a notify", "no feed lock, no notify",
-		"unsealed, a sealer beside"}[m]
+		"unsealed, a sealer beside", "the feed write, concurrent mode"}[m]
 }
 
 // commitRate runs Writers concurrent writers for WritersFor, each committing
@@ -226,6 +230,27 @@ func (e *env) commitRate(ctx context.Context, admin *pgxpool.Pool, mode p6Mode) 
 	row, err := s.experimentalWrite(ctx, mode)
 	if err != nil {
 		return 0, err
+	}
+	if mode == p6Concurrent {
+		// The store's own sealer, on a pool of its own (as a daemon's
+		// would be), seals while the writers commit.
+		sp, err := e.pool(ctx, 2, nil)
+		if err != nil {
+			return 0, err
+		}
+		defer sp.Close()
+		sst, err := s.store(ctx, sp)
+		if err != nil {
+			return 0, err
+		}
+		defer sst.Close()
+		if err := sst.SetWriteMode(ctx, "p6", feed.WriteConcurrent); err != nil {
+			return 0, err
+		}
+		sealCtx, stopSealer := context.WithCancel(ctx)
+		sealed := make(chan struct{})
+		go func() { defer close(sealed); _ = sst.RunSealer(sealCtx, "p6") }()
+		defer func() { stopSealer(); <-sealed }()
 	}
 	var sl *sealer
 	if mode == p6Sealed {
@@ -257,7 +282,7 @@ func (e *env) commitRate(ctx context.Context, admin *pgxpool.Pool, mode p6Mode) 
 							return err
 						}
 						switch mode {
-						case p6Feed:
+						case p6Feed, p6Concurrent:
 							_, err := st.Write(ctx, tx, "p6", []feed.Change{feed.Put(feed.Key(key), doc)})
 							return err
 						case p6Notify:

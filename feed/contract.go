@@ -13,7 +13,10 @@ import (
 // PrepareChanges (nothing is written when one is bad), takes the feed lock (held
 // to the transaction's end, so seqs are handed out in commit order), gives the
 // changes a contiguous seq range, and arranges a wake-up for the feed's
-// subscribers when the transaction commits.
+// subscribers when the transaction commits. A feed in the concurrent write
+// mode (WriteConcurrent) is written without the feed lock: its changes get
+// their seqs from the store's sealer after the commit, still in commit
+// order, and the result lists their keys instead (WriteResult.Unsealed).
 type Writer[Tx any] interface {
 	Write(ctx context.Context, tx Tx, feed FeedName, changes []Change) (WriteResult, error)
 }

@@ -133,10 +133,41 @@ func PrepareChanges(changes []Change) ([]Change, error) {
 // WriteResult says where a write landed: its generation and the contiguous seq
 // range handed to its changes, in the order PrepareChanges left them. An empty
 // write has First = Last = 0.
+//
+// A write to a feed in the concurrent mode (WriteConcurrent) gets no seqs at
+// write time: they are handed out when the feed's sealer seals its rows,
+// after the commit. Its result has First = Last = 0 and Unsealed lists the
+// keys it wrote; a wait for it (syncer.WaitApplied) first waits for those
+// keys to be sealed.
 type WriteResult struct {
 	Generation Generation
 	First      Seq
 	Last       Seq
+	// Unsealed are the keys of a concurrent-mode write, whose seqs are not
+	// known yet; nil for a write of the locked mode.
+	Unsealed []Key
+}
+
+// WriteMode is how a feed's writers get their seqs, chosen per feed and
+// recorded with the feed, so every process agrees.
+type WriteMode string
+
+const (
+	// WriteLocked is the default: a write takes the feed lock and gets its
+	// seqs at once, so writers of one feed serialise across their commits.
+	WriteLocked WriteMode = "locked"
+	// WriteConcurrent: a write takes no feed lock and leaves its rows
+	// unsealed; a sealer, one per feed, gives them seqs in rounds after
+	// their commits. Writers of different keys never wait for each other.
+	WriteConcurrent WriteMode = "concurrent"
+)
+
+// Validate checks m is one of the modes; field names it in the error.
+func (m WriteMode) Validate(field string) error {
+	if m != WriteLocked && m != WriteConcurrent {
+		return Invalid(field, "is %q; it must be %q or %q", string(m), WriteLocked, WriteConcurrent)
+	}
+	return nil
 }
 
 // BatchLimit bounds one read of a feed (Reader.ReadBatch), so that what a
@@ -311,6 +342,15 @@ type Description struct {
 	Head       Seq
 	// Sinks are the registered sinks, in name order.
 	Sinks []SinkState
+	// Mode is the feed's write mode; empty from a store that has only the
+	// locked one.
+	Mode WriteMode
+	// Unsealed counts the keys written in the concurrent mode whose latest
+	// write is not sealed yet: no sink's Pending counts them until it is.
+	Unsealed int64
+	// Sealer is the sealer's lease (concurrent mode); nil when none is
+	// recorded. A holder whose ExpiresAt has passed has lapsed.
+	Sealer *LeaseState
 }
 
 // Rejection is a sink's refusal of one record for the record's own sake (the

@@ -64,9 +64,12 @@ func renameInvalid(err error, field string) error {
 // LockTx is for implementers (see the package doc): pgread.WithFeed's Commit
 // calls it. It takes f's feed lock (its generations row, created as a
 // never-written feed's when absent) inside the caller's tx, until tx's end: the lock a
-// Write, a RetryParked and a ResetTx take first. A caller that will write
-// other rows and then the feed takes it before them, so that it takes its
-// locks in the order a reset does.
+// Write takes first, of the feed's mode. In the locked mode that is FOR
+// UPDATE, as a RetryParked and a ResetTx take it; in the concurrent mode it
+// is the write lock, shared, as a concurrent writer takes it, so projections
+// committing to one feed do not wait for each other, and a ResetTx still
+// waits for them. A caller that will write other rows and then the feed takes it
+// before them, so that it takes its locks in the order a reset does.
 func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) error {
 	if tx == nil {
 		return feed.Invalid("tx", "must not be nil")
@@ -74,14 +77,35 @@ func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) error {
 	if err := f.Validate(); err != nil {
 		return err
 	}
+	fail := func(err error) error { return feed.WriteFailed("locking feed "+string(f), err) }
+	mode, err := s.mode(ctx, tx, f)
+	if err != nil {
+		return fail(err)
+	}
+	if mode == feed.WriteConcurrent {
+		if _, err := tx.Exec(ctx, s.sql.shareWrite, s.writeKey(f)); err != nil {
+			return fail(err)
+		}
+		var one int
+		err := tx.QueryRow(ctx, s.sql.shareFeed, string(f)).Scan(&one)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return fail(err)
+		}
+		// The feed left the concurrent mode since this store looked: the
+		// locked mode's lock follows.
+		s.modes.Store(f, feed.WriteLocked)
+	}
 	var head int64
-	err := tx.QueryRow(ctx, s.sql.lockFeed, string(f)).Scan(&head)
+	err = tx.QueryRow(ctx, s.sql.lockFeed, string(f)).Scan(&head)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = tx.QueryRow(ctx, `INSERT INTO `+s.names.generations+` AS g (feed) VALUES ($1::text)
 ON CONFLICT (feed) DO UPDATE SET head = g.head RETURNING g.head`, string(f)).Scan(&head)
 	}
 	if err != nil {
-		return feed.WriteFailed("locking feed "+string(f), err)
+		return fail(err)
 	}
 	return nil
 }

@@ -8,12 +8,18 @@
 // # Schema
 //
 // Migrate creates, in a configurable schema (default "kairos") with a
-// configurable table prefix (default "feed_"), four logged tables:
+// configurable table prefix (default "feed_"), five logged tables:
 //
-//   - generations(feed, generation, head, projection, partition): one row per
-//     feed, created by its first write. This row is the feed lock.
-//   - rows(feed, key, seq, doc jsonb): one row per key, its latest document,
-//     or a tombstone (doc NULL). Unique on (feed, seq).
+//   - generations(feed, generation, head, projection, partition,
+//     write_mode): one row per feed, created by its first write (or by
+//     SetWriteMode). This row is the feed lock.
+//   - rows(feed, key, seq, doc jsonb, pending, pending_doc jsonb): one row
+//     per key, its latest sealed document, or a tombstone (doc NULL), and,
+//     in the concurrent mode, a write waiting to be sealed beside it
+//     (pending; pending_doc NULL for a delete). Unique on (feed, seq); a key
+//     never sealed has no seq.
+//   - sealers(feed, lease_holder, lease_expires_at): the sealer's lease of
+//     each concurrent-mode feed.
 //   - cursors(feed, sink, generation, seq, lease_holder, lease_expires_at,
 //     last_advance_at): one row per registered sink. An absent cursor is NULL
 //     generation and seq; an advisory holder has a NULL expiry.
@@ -50,15 +56,74 @@
 //
 // # Commit order
 //
-// A write starts by adding the batch's size to the feed's head with an upsert
-// on its generations row, which hands out a contiguous seq range and holds the
-// row lock to the caller's commit. The next writer of the feed waits for that
-// commit before it gets its range, so seqs become visible in ascending order,
-// whatever the number of writers: a reader that saw seq s never later sees a
-// new row below s. RetryParked and ResetTx take the same lock first. The cost
-// is that writers of one feed serialise on it across their commit; a feed
-// serves one materialisation, which commits in batches. The commit notifies the
-// store's channel (one per schema and prefix, the feed's name as payload).
+// Guarantee 2, a reader that saw seq s never later sees a new row below s,
+// is kept by one of two write modes, chosen per feed (SetWriteMode) and
+// recorded on its generations row, so every process agrees. The default is
+// the locked mode.
+//
+// Locked mode. A write starts by adding the batch's size to the feed's head
+// with an upsert on its generations row, which hands out a contiguous seq
+// range and holds the row lock to the caller's commit. The next writer of
+// the feed waits for that commit before it gets its range, so seqs become
+// visible in ascending order, whatever the number of writers. The cost is
+// that writers of one feed serialise across their commits, WAL flush
+// included, and every commit notifies the store's channel (one per schema
+// and prefix, the feed's name as payload), which PostgreSQL serialises
+// cluster-wide too.
+//
+// Concurrent mode. A write takes the feed's write lock shared (a
+// transaction-level advisory lock, held to its commit) and then, in a
+// statement of its own, upserts each key's row unsealed (pending,
+// pending_doc), leaving its sealed seq and doc as they are; it locks no
+// generations row and sends no notify. One sealer per feed, under a lease of
+// its own (RunSealer; a syncer.Runner runs it), seals in rounds: a round is
+// one transaction that takes the generations row FOR NO KEY UPDATE, then, in
+// a statement of its own and so a snapshot taken after that lock, moves up
+// to SealerOptions.Limit unsealed rows that no open writer holds (FOR UPDATE
+// SKIP LOCKED) to sealed at head+1.., moves the head past them, and
+// notifies once. The argument: rounds are serialised by that row
+// lock, held to each round's commit, and each hands out seqs above every
+// seq an earlier round handed out, so the seqs of one round become visible
+// after those of every earlier round, and seq order is commit order for
+// every reader, whatever the writers do. A row is sealed with the value its
+// latest committed writer left (the round locks the latest row version); a
+// row an open writer holds is skipped, not waited for, and a later round
+// seals it with that writer's value once it commits, at a seq above all
+// that were visible before. A writer's commit after a round's snapshot is
+// simply sealed by the next round. Two sealers at once (a lease changing
+// hands while the old holder's round is in flight) only take turns. A
+// shared lock waits for no other, so writers of different keys never wait
+// for each other (a writer waits for a round only while the round holds its
+// key's row, being sealed), and writers of one key serialise on its row as
+// on the application's own. What this mode gives up:
+// a transaction's several keys are sealed by whichever rounds find them, so
+// they may be apart in seq order, or interleaved with another transaction's
+// (guarantee 2 is per key; each key's rows still rise in commit order), and
+// a write is visible to readers only once sealed (a round or two later,
+// milliseconds while rows keep coming, up to SealerOptions.MaxPoll after an
+// idle spell; held until an open writer of the same key commits; and
+// indefinitely while no sealer runs, losing nothing). Its WriteResult has no
+// seqs (feed.WriteResult.Unsealed), and read-your-writes first waits for the
+// keys to be sealed (SealedRange, syncer.WaitApplied).
+//
+// RetryParked takes FOR NO KEY UPDATE too (it restamps a sealed row as a
+// round would; a row never sealed is the sealer's). ResetTx takes the write
+// lock exclusive, then the generations row FOR UPDATE: the reset waits for
+// every open writer of either mode, and its delete, a later statement and so
+// a later snapshot, removes every row they committed, unsealed ones
+// included, so no row of the old generation is sealed into the new one; a
+// writer that comes after waits for the reset, and its upsert, a statement
+// after its lock, writes into the new generation. Collection leaves alone a
+// tombstone whose key has an unsealed write.
+//
+// Which mode: the locked mode for a feed written by one projection or
+// process committing in batches (its writes cost about what the raw rows
+// do, and a write is readable at its commit); the concurrent mode for a
+// feed written by many concurrent transactions, as an outbox written from
+// every request handler, where the locked mode caps the commit rate at a
+// fraction of the same transactions without the feed (README and
+// BENCHMARKS.md have the figures). Switch a feed only once every process
+// runs a build that knows the mode (SetWriteMode's doc says why).
 //
 // # Cursor moves
 //
@@ -187,12 +252,15 @@
 //
 // An application needs Migrate, New, Write (or WriteCommitted) or Capture and
 // Backfill, ResetTx for a rebuild, Describe, RetryParked, CollectTombstones
-// and RemoveSink, and hands the store to a syncer.Runner. The rest of the
-// exported surface is what the sync driver and the read side build on, for a
-// driver or a decorator of your own: AcquireLease, ReadCursor, CASCursor,
-// ReadParked, ReadBatch, Head, Generation and Subscribe (the driver's loop;
-// syncer runs it), BindTx and LockTx (pgread.WithFeed's binding of a feed to
-// a projection, and its lock order).
+// and RemoveSink, and hands the store to a syncer.Runner; SetWriteMode for a
+// feed of the concurrent mode, whose sealer the runner runs (RunSealer). The
+// rest of the exported surface is what the sync driver and the read side
+// build on, for a driver or a decorator of your own: AcquireLease,
+// ReadCursor, CASCursor, ReadParked, ReadBatch, Head, Generation and
+// Subscribe (the driver's loop; syncer runs it), BindTx and LockTx
+// (pgread.WithFeed's binding of a feed to a projection, and its lock order),
+// SealRound and SealedRange (a sealing round by hand; where a
+// concurrent-mode write's keys stand, for syncer.WaitApplied).
 //
 // # Failures
 //

@@ -2,6 +2,7 @@ package pgfeed
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,4 +18,20 @@ func SinkLockKey(s *Store, id feed.SinkID) int64 { return s.sinkKey(id) }
 func ClaimAdvisory(ctx context.Context, s *Store, conn *pgx.Conn, id feed.SinkID, holder feed.LeaseHolder) (bool, error) {
 	tag, err := conn.Exec(ctx, s.sql.claimAdvisory, string(id.Feed), string(id.Sink), string(holder), s.now(), s.sinkKey(id))
 	return tag.RowsAffected() > 0, err
+}
+
+// SealRoundHeld runs one sealing round in a transaction that it holds open
+// for hold after the seal, before its commit: a test's way to make two
+// overlapping rounds commit in either order.
+func SealRoundHeld(ctx context.Context, s *Store, f feed.FeedName, hold time.Duration) (int, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var err error
+		if n, err = s.sealIn(ctx, tx, f); err != nil {
+			return err
+		}
+		time.Sleep(hold)
+		return nil
+	})
+	return int(n), err
 }

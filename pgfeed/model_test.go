@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -159,7 +160,7 @@ func (m *model) actions() map[string]func(*rapid.T) {
 			a, errA := m.mem.WriteCommitted(m.ctx, f, changes)
 			b, errB := m.pg.WriteCommitted(m.ctx, f, changes)
 			same(t, "write", errA, errB)
-			if a != b {
+			if !reflect.DeepEqual(a, b) {
 				t.Fatalf("write: memfeed %+v, pgfeed %+v", a, b)
 			}
 		},

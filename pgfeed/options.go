@@ -93,6 +93,10 @@ type Options struct {
 	// listener reconnects and workers poll meanwhile. Must not be negative.
 	// Defaults to DefaultListenCheck.
 	ListenCheck time.Duration
+	// Sealer tunes the sealer of feeds in the concurrent write mode
+	// (RunSealer); see SealerOptions. Defaults to the zero SealerOptions:
+	// every default.
+	Sealer SealerOptions
 	// Logger receives lease renewal failures and listener reconnects.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
@@ -105,6 +109,7 @@ type names struct {
 	rows           string
 	cursors        string
 	parked         string
+	sealers        string
 	// channel is the NOTIFY channel of every feed under this schema and
 	// prefix; the payload is the feed's name.
 	channel string
@@ -129,6 +134,7 @@ func resolveNames(schema, prefix string) (names, error) {
 		rows:          t("rows"),
 		cursors:       t("cursors"),
 		parked:        t("parked"),
+		sealers:       t("sealers"),
 		channel:       fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
 		cursorChannel: fmt.Sprintf("kairos_cursor_%016x", uint64(lockKey("cursor", schema, prefix))),
 	}, nil

@@ -18,6 +18,58 @@ type statements struct {
 	// for the lock: both its upserts act on the latest committed row versions,
 	// not on the statement's snapshot.
 	write string
+	// writeConcurrent is the concurrent mode's write, run after shareWrite
+	// in the same transaction (and so with a snapshot taken after that lock
+	// was granted): only while the feed's row says the concurrent mode, it
+	// upserts each key's row unsealed (pending, the document in
+	// pending_doc), leaving its sealed seq and doc as they are, and returns
+	// the generation the write lands in. It locks no generations row, so
+	// writers of different keys never wait for each other. No row: the feed is not in the concurrent mode, and nothing
+	// was written. No notify: the sealer's round notifies, once.
+	writeConcurrent string
+	// shareWrite and excludeWrite take the feed's write lock, a
+	// transaction-level advisory lock: shared by every concurrent writer
+	// (and LockTx in that mode) to its transaction's end, exclusive for a
+	// reset and a mode switch, which so wait for every open concurrent
+	// writer and hold back every new one until they commit. A shared
+	// advisory lock lives in the lock manager's memory: where a row lock
+	// (FOR KEY SHARE on the generations row) would make 16 writers build a
+	// multixact per new locker and write the row's lock bits to one hot
+	// heap page and the WAL, this writes nothing (BENCHMARKS.md, P6c).
+	shareWrite, excludeWrite string
+	// modeOf reads the feed's write mode ('locked' for a feed never written).
+	modeOf string
+	// shareFeed is LockTx's check, under shareWrite, that the feed is still
+	// in the concurrent mode; no row when it is not.
+	shareFeed string
+	// lockReset follows excludeWrite in a reset and a mode switch: FOR
+	// UPDATE on the generations row, which also waits for a locked writer
+	// and a sealing round in flight.
+	lockReset string
+	// sealLock is a sealing round's first statement (and RetryParked's):
+	// the feed lock, FOR NO KEY UPDATE, which serialises rounds, restamps
+	// and locked writers; concurrent writers never take it.
+	sealLock string
+	// seal is a round's second statement, in the same transaction and so
+	// with a snapshot taken after sealLock was granted: up to $2 unsealed
+	// rows no open writer holds (FOR UPDATE SKIP LOCKED), in key order,
+	// move to sealed at head+1.., the head moves past them, and, when any
+	// moved, one notify. It returns how many it sealed.
+	seal string
+	// probe reads the feed's mode and whether any row is unsealed, from the
+	// partial index on pending rows.
+	probe string
+	// takeSealer, renewSealer, clearSealer are the sealer's lease row,
+	// as takeRow, renewRow and clearHolder are a sink's.
+	takeSealer, renewSealer, clearSealer string
+	// setMode creates the generations row when absent; excludeWrite and
+	// lockReset then wait for every writer of either mode, and updateMode
+	// records the mode.
+	setMode, updateMode string
+	// sealedRange reads, in one snapshot, the feed's generation and, over
+	// the given keys' rows, the lowest and highest seq and whether any still
+	// waits unsealed.
+	sealedRange string
 	// reset takes the feed lock and moves the generation on (a never-written
 	// feed goes from 1 to 2); emptyFeed then deletes the feed's rows and
 	// notifies. Two statements, not one: a statement that waited for the
@@ -90,12 +142,13 @@ type statements struct {
 	cas, casParks string
 	// readParked lists a sink's parked records in key (byte) order.
 	readParked string
-	// lockFeed takes the feed lock for a retry, as a writer would.
+	// lockFeed is LockTx's feed lock in the locked mode, as a writer takes it.
 	lockFeed string
 	// unparkOne removes one parked record and says whether there was one.
 	unparkOne string
 	// restamp gives the key's row (if any) seq head+1, bumps the head, and
-	// notifies; run under lockFeed.
+	// notifies; run under sealLock. A row never sealed (no seq) is left
+	// alone: no sink has seen it, and its seal is the sealer's.
 	restamp string
 	// collect deletes, in one statement and so against one snapshot of the
 	// cursors, the tombstones at or below every registered sink's cursor,
@@ -140,10 +193,11 @@ func (n names) statements() statements {
 	}
 	const now = `coalesce($%d::timestamptz, clock_timestamp())`
 	nowAt := func(i int) string { return fmt.Sprintf(now, i) }
+	sl := n.sealers
 	return statements{
 		write: `WITH g AS (
 	INSERT INTO ` + g + ` AS g (feed, head) VALUES ($1::text, $2::bigint)
-	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head
+	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head WHERE g.write_mode = 'locked'
 	RETURNING g.generation, g.head
 ), w AS (
 	INSERT INTO ` + r + ` AS r (feed, key, seq, doc)
@@ -152,6 +206,54 @@ func (n names) statements() statements {
 	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc
 )
 SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
+
+		writeConcurrent: `WITH m AS (
+	SELECT generation FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'
+), w AS (
+	INSERT INTO ` + r + ` AS r (feed, key, pending, pending_doc)
+	SELECT $1::text, c.key, true, c.doc::jsonb FROM m, unnest($2::text[], $3::text[]) AS c(key, doc)
+	ON CONFLICT (feed, key) DO UPDATE SET pending = true, pending_doc = excluded.pending_doc
+)
+SELECT generation FROM m`,
+		modeOf:       `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
+		shareFeed:    `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
+		shareWrite:   `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
+		excludeWrite: `SELECT pg_advisory_xact_lock($1::bigint)`,
+		lockReset:    `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
+		sealLock:     `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
+		seal: `WITH c AS (
+	SELECT key FROM ` + r + ` WHERE feed = $1::text AND pending ORDER BY key LIMIT $2::bigint FOR UPDATE SKIP LOCKED
+), o AS (
+	SELECT key, row_number() OVER (ORDER BY key) AS ord FROM c
+), h AS (
+	UPDATE ` + g + ` SET head = head + (SELECT count(*) FROM c)
+	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM c)
+	RETURNING head - (SELECT count(*) FROM c) AS base
+), s AS (
+	UPDATE ` + r + ` AS r SET seq = h.base + o.ord, doc = r.pending_doc, pending = false, pending_doc = NULL
+	FROM o, h WHERE r.feed = $1::text AND r.key = o.key
+	RETURNING 1
+), n AS (
+	SELECT pg_notify($3::text, $1::text) FROM (SELECT 1 FROM s LIMIT 1) AS one
+)
+SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM n)`,
+		probe: `SELECT coalesce((SELECT write_mode FROM ` + g + ` WHERE feed = $1::text), 'locked'),
+	EXISTS (SELECT 1 FROM ` + r + ` WHERE feed = $1::text AND pending)`,
+		takeSealer: `INSERT INTO ` + sl + ` AS s (feed, lease_holder, lease_expires_at)
+VALUES ($1::text, $2::text, ` + nowAt(3) + ` + $4::bigint * interval '1 microsecond')
+ON CONFLICT (feed) DO UPDATE SET lease_holder = excluded.lease_holder, lease_expires_at = excluded.lease_expires_at
+WHERE s.lease_holder IS NULL OR s.lease_expires_at <= ` + nowAt(3) + `
+RETURNING 1`,
+		renewSealer: `UPDATE ` + sl + ` SET lease_expires_at = greatest(lease_expires_at, ` + nowAt(3) + ` + $4::bigint * interval '1 microsecond')
+WHERE feed = $1::text AND lease_holder = $2::text
+RETURNING 1`,
+		clearSealer: `UPDATE ` + sl + ` SET lease_holder = NULL, lease_expires_at = NULL WHERE feed = $1::text AND lease_holder = $2::text`,
+		setMode:     `INSERT INTO ` + g + ` (feed) VALUES ($1::text) ON CONFLICT (feed) DO NOTHING`,
+		updateMode:  `UPDATE ` + g + ` SET write_mode = $2::text WHERE feed = $1::text`,
+
+		sealedRange: `SELECT coalesce((SELECT generation FROM ` + g + ` WHERE feed = $1::text), 1),
+	min(seq), max(seq), coalesce(bool_or(pending), false)
+FROM ` + r + ` WHERE feed = $1::text AND key = ANY ($2::text[])`,
 
 		reset: `INSERT INTO ` + g + ` AS g (feed, generation) VALUES ($1::text, 2)
 ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
@@ -217,17 +319,17 @@ ON CONFLICT (feed, sink, key) DO UPDATE SET seq = excluded.seq, reason = exclude
 		unparkOne:  `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text AND key = $3::text RETURNING seq`,
 		restamp: `WITH g AS (
 	UPDATE ` + g + ` SET head = head + 1
-	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM ` + r + ` WHERE feed = $1::text AND key = $2::text)
+	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM ` + r + ` WHERE feed = $1::text AND key = $2::text AND seq IS NOT NULL)
 	RETURNING head
 ), s AS (
-	UPDATE ` + r + ` AS r SET seq = g.head FROM g WHERE r.feed = $1::text AND r.key = $2::text
+	UPDATE ` + r + ` AS r SET seq = g.head FROM g WHERE r.feed = $1::text AND r.key = $2::text AND r.seq IS NOT NULL
 )
 SELECT g.head FROM g, LATERAL (SELECT pg_notify($3::text, $1::text)) AS n`,
 		collect: `WITH s AS (
 	SELECT count(*) AS sinks, count(seq) AS placed, min(seq) AS low FROM ` + c + ` WHERE feed = $1::text
 ), d AS (
 	DELETE FROM ` + r + ` AS r USING s
-	WHERE r.feed = $1::text AND r.doc IS NULL AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
+	WHERE r.feed = $1::text AND r.doc IS NULL AND NOT r.pending AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
 	  AND NOT EXISTS (SELECT 1 FROM ` + p + ` AS p WHERE p.feed = $1::text AND p.key = r.key)
 	RETURNING 1
 )
@@ -239,10 +341,10 @@ RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
 		traceKey: `WITH g AS (SELECT generation, head FROM ` + g + ` WHERE feed = $1::text),
-k AS (SELECT seq, doc FROM ` + r + ` WHERE feed = $1::text AND key = $2::text)
+k AS (SELECT seq, doc, pending, pending_doc FROM ` + r + ` WHERE feed = $1::text AND key = $2::text)
 SELECT coalesce((SELECT generation FROM g), 1), coalesce((SELECT head FROM g), 0),
 	EXISTS (SELECT 1 FROM g) OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text),
-	(SELECT seq FROM k), (SELECT doc FROM k),
+	(SELECT seq FROM k), (SELECT doc FROM k), coalesce((SELECT pending FROM k), false), (SELECT pending_doc FROM k),
 	c.sink, c.generation, c.seq, p.seq, p.reason, p.parked_at,
 	CASE WHEN c.seq < (SELECT seq FROM k) THEN
 		(SELECT count(*) FROM ` + r + ` x WHERE x.feed = $1::text AND x.seq > c.seq AND x.seq < (SELECT seq FROM k)) END
@@ -252,7 +354,11 @@ LEFT JOIN ` + p + ` p ON p.feed = c.feed AND p.sink = c.sink AND p.key = $2::tex
 ORDER BY c.sink`,
 		listFeeds: `SELECT feed FROM ` + g + ` UNION SELECT feed FROM ` + c + ` ORDER BY 1`,
 		describeFeed: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0),
-	count(*) > 0 OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text)
+	count(*) > 0 OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text),
+	coalesce(max(write_mode), 'locked'),
+	(SELECT count(*) FROM ` + r + ` WHERE feed = $1::text AND pending),
+	(SELECT lease_holder FROM ` + sl + ` WHERE feed = $1::text),
+	(SELECT lease_expires_at FROM ` + sl + ` WHERE feed = $1::text)
 FROM ` + g + ` WHERE feed = $1::text`,
 		describeSinks: `WITH c AS (
 	SELECT sink, generation, seq, last_advance_at, lease_holder, lease_expires_at, coalesce(seq, 0) AS at

@@ -2,6 +2,7 @@ package pgfeed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -38,6 +39,14 @@ type Store struct {
 	listenTimeout time.Duration
 	// listenCheck is Options.ListenCheck, resolved.
 	listenCheck time.Duration
+	// sealer is Options.Sealer, resolved.
+	sealer SealerOptions
+
+	// modes caches each feed's write mode (feed.FeedName → feed.WriteMode)
+	// as this store last found it. A stale entry costs one statement more:
+	// each write statement checks the mode the row records, does nothing
+	// when it differs, and the write runs the other one (see Write).
+	modes sync.Map
 }
 
 var (
@@ -81,6 +90,10 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 	case opts.ListenCheck == 0:
 		opts.ListenCheck = DefaultListenCheck
 	}
+	sealer, err := opts.Sealer.resolve()
+	if err != nil {
+		return nil, err
+	}
 	if err := n.migrations().Check(ctx, db); err != nil {
 		return nil, err
 	}
@@ -103,6 +116,7 @@ func New(ctx context.Context, db DBTX, opts Options) (*Store, error) {
 
 		listenTimeout: opts.ListenTimeout,
 		listenCheck:   opts.ListenCheck,
+		sealer:        sealer,
 	}
 	if s.advisory != nil {
 		if err := checkSessionPool(ctx, s.advisory); err != nil {
@@ -155,6 +169,17 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // Write writes changes to f inside the caller's tx; see feed.Writer. The
 // whole batch is one statement, whatever its size. Documents travel as text,
 // so they survive every exec mode, the simple protocol included.
+//
+// In the locked mode (the default) the statement takes the feed lock and
+// returns the seqs. In the concurrent mode it takes no feed lock, leaves the
+// rows unsealed, and returns the generation and the keys (WriteResult's
+// Unsealed): the feed's sealer gives them seqs after the commit. Each
+// statement checks the mode the feed's row records and writes nothing when
+// it is the other one, so a mode this store had cached from before a
+// SetWriteMode costs the write one statement more, never a row in the wrong
+// mode. (The locked statement's refusal still holds the feed lock to the
+// transaction's end, which delays the sealer by as much, once per store
+// after a switch.)
 func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
 	if tx == nil {
 		return feed.WriteResult{}, feed.Invalid("tx", "must not be nil")
@@ -175,12 +200,70 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 			docs[i] = &d
 		}
 	}
-	var gen, head int64
-	n := int64(len(changes))
-	if err := tx.QueryRow(ctx, s.sql.write, string(f), n, keys, docs, s.names.channel).Scan(&gen, &head); err != nil {
+	fail := func(err error) (feed.WriteResult, error) {
 		return feed.WriteResult{}, feed.WriteFailed("writing to feed "+string(f), err)
 	}
-	return feed.WriteResult{Generation: feed.Generation(gen), First: feed.Seq(head - n + 1), Last: feed.Seq(head)}, nil
+	mode, err := s.mode(ctx, tx, f)
+	if err != nil {
+		return fail(err)
+	}
+	// At most one switch of mode is followed: a second would mean the mode
+	// changed twice inside this transaction, which SetWriteMode's FOR UPDATE
+	// rules out once this transaction holds either statement's lock.
+	for range 2 {
+		if mode == feed.WriteConcurrent {
+			var gen int64
+			b := &pgx.Batch{}
+			b.Queue(s.sql.shareWrite, s.writeKey(f))
+			b.Queue(s.sql.writeConcurrent, string(f), keys, docs).QueryRow(func(r pgx.Row) error { return r.Scan(&gen) })
+			err := tx.SendBatch(ctx, b).Close()
+			if err == nil {
+				unsealed := make([]feed.Key, len(changes))
+				for i, c := range changes {
+					unsealed[i] = c.Key
+				}
+				return feed.WriteResult{Generation: feed.Generation(gen), Unsealed: unsealed}, nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return fail(err)
+			}
+			mode = feed.WriteLocked
+		} else {
+			var gen, head int64
+			n := int64(len(changes))
+			err := tx.QueryRow(ctx, s.sql.write, string(f), n, keys, docs, s.names.channel).Scan(&gen, &head)
+			if err == nil {
+				return feed.WriteResult{Generation: feed.Generation(gen), First: feed.Seq(head - n + 1), Last: feed.Seq(head)}, nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return fail(err)
+			}
+			mode = feed.WriteConcurrent
+		}
+		s.modes.Store(f, mode)
+	}
+	return fail(errors.New("the feed's write mode changed while the write ran"))
+}
+
+// writeKey is f's write lock (statements.shareWrite).
+func (s *Store) writeKey(f feed.FeedName) int64 {
+	return lockKey("write", s.names.schema, s.names.prefix, string(f))
+}
+
+// mode is f's write mode as this store last found it, read on q the first
+// time.
+func (s *Store) mode(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, f feed.FeedName) (feed.WriteMode, error) {
+	if m, ok := s.modes.Load(f); ok {
+		return m.(feed.WriteMode), nil
+	}
+	var m string
+	if err := q.QueryRow(ctx, s.sql.modeOf, string(f)).Scan(&m); err != nil {
+		return "", err
+	}
+	s.modes.Store(f, feed.WriteMode(m))
+	return feed.WriteMode(m), nil
 }
 
 // span is one row of a batch being read: its key starts at key in the
@@ -227,11 +310,17 @@ func (s *Store) WriteCommitted(ctx context.Context, f feed.FeedName, changes []f
 	return res, nil
 }
 
-// ResetTx is a rebuild's feed half, inside the caller's tx: it takes the feed
-// lock first (so a writer in flight finishes before it, and one that starts
-// after waits), moves the generation on and empties the feed, all at the
-// caller's commit. Seqs are not reset, so a cursor of the old generation stays
-// below every row of the new one. It returns the new generation.
+// ResetTx is a rebuild's feed half, inside the caller's tx: it takes the feed's
+// write lock exclusive and its generations row FOR UPDATE first (so a writer
+// in flight, of either mode, finishes before it, and one that starts after
+// waits), moves the generation on and
+// empties the feed, unsealed rows included, all at the caller's commit. The
+// delete is a statement of its own, after the lock, so it sees and removes
+// every row a writer it waited for committed: no unsealed row of the old
+// generation is ever sealed into the new one, and no write that committed
+// before the reset survives it. Seqs are not reset, so a cursor of the old
+// generation stays below every row of the new one. It returns the new
+// generation.
 func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.Generation, error) {
 	if tx == nil {
 		return 0, feed.Invalid("tx", "must not be nil")
@@ -240,6 +329,12 @@ func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.G
 		return 0, err
 	}
 	var gen int64
+	if _, err := tx.Exec(ctx, s.sql.excludeWrite, s.writeKey(f)); err != nil {
+		return 0, feed.WriteFailed("resetting feed "+string(f), err)
+	}
+	if _, err := tx.Exec(ctx, s.sql.lockReset, string(f)); err != nil {
+		return 0, feed.WriteFailed("resetting feed "+string(f), err)
+	}
 	if err := tx.QueryRow(ctx, s.sql.reset, string(f)).Scan(&gen); err != nil {
 		return 0, feed.WriteFailed("resetting feed "+string(f), err)
 	}

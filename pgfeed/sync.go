@@ -176,8 +176,10 @@ func (s *Store) ReadParked(ctx context.Context, id feed.SinkID) ([]feed.ParkedRe
 }
 
 // RetryParked unparks key for id and restamps its row; see feed.SyncStore. One
-// transaction takes the feed lock first, exactly as a writer does, so the new
-// seq is handed out in commit order with every writer's.
+// transaction takes the feed lock first (FOR NO KEY UPDATE: the lock a locked
+// writer's upsert and a sealing round take, which a concurrent writer's KEY
+// SHARE does not wait for), so the new seq is handed out in commit order with
+// every writer's and every round's.
 func (s *Store) RetryParked(ctx context.Context, id feed.SinkID, key feed.Key) (bool, error) {
 	if err := id.Validate(); err != nil {
 		return false, err
@@ -188,7 +190,7 @@ func (s *Store) RetryParked(ctx context.Context, id feed.SinkID, key feed.Key) (
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		// No generations row means the feed was never written: it has no
 		// row to restamp, and nothing to lock against.
-		if _, err := tx.Exec(ctx, s.sql.lockFeed, string(id.Feed)); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.sealLock, string(id.Feed)); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, s.sql.unparkOne, string(id.Feed), string(id.Sink), string(key))
@@ -302,7 +304,9 @@ func (s *Store) Feeds(ctx context.Context) ([]feed.FeedName, error) {
 // Describe reports f for an operator, or refuses a feed it does not know
 // (no generations row and no registered sink, judged in one statement); see
 // feed.SyncStore and feed.Description. It is three reads, each its own
-// snapshot.
+// snapshot. A sink's Pending counts sealed rows only; the feed's Unsealed
+// counts the rows whose latest write waits for the sealer, whose lease is
+// Sealer.
 func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description, error) {
 	if err := f.Validate(); err != nil {
 		return feed.Description{}, err
@@ -312,16 +316,26 @@ func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description
 	}
 	d := feed.Description{Feed: f}
 	var (
-		gen, head int64
-		known     bool
+		gen, head, unsealed int64
+		known               bool
+		mode                string
+		sealer              *string
+		sealerExpires       *time.Time
 	)
-	if err := s.db.QueryRow(ctx, s.sql.describeFeed, string(f)).Scan(&gen, &head, &known); err != nil {
+	if err := s.db.QueryRow(ctx, s.sql.describeFeed, string(f)).Scan(&gen, &head, &known, &mode, &unsealed, &sealer, &sealerExpires); err != nil {
 		return fail(err)
 	}
 	if !known {
 		return feed.Description{}, &feed.UnknownFeedError{Feed: f}
 	}
 	d.Generation, d.Head = feed.Generation(gen), feed.Seq(head)
+	d.Mode, d.Unsealed = feed.WriteMode(mode), unsealed
+	if sealer != nil {
+		d.Sealer = &feed.LeaseState{Holder: feed.LeaseHolder(*sealer)}
+		if sealerExpires != nil {
+			d.Sealer.ExpiresAt = *sealerExpires
+		}
+	}
 	rows, err := s.db.Query(ctx, s.sql.describeSinks, string(f))
 	if err != nil {
 		return fail(err)

@@ -23,6 +23,12 @@ type KeyTrace struct {
 	Found bool
 	Seq   feed.Seq
 	Doc   json.RawMessage
+	// Unsealed says a write of the key in the concurrent mode waits for
+	// the sealer: UnsealedDoc is its document (nil: a delete). Until it is
+	// sealed, Found, Seq and Doc are the sealed version, if any, which is
+	// what the sinks are owed.
+	Unsealed    bool
+	UnsealedDoc json.RawMessage
 	// Sinks are the registered sinks, in name order.
 	Sinks []SinkTrace
 }
@@ -84,6 +90,8 @@ func (s *Store) Trace(ctx context.Context, f feed.FeedName, key feed.Key) (KeyTr
 			gen, head  int64
 			rowSeq     *int64
 			doc        []byte
+			pending    bool
+			pendingDoc []byte
 			sink       *string
 			cgen, cseq *int64
 			pseq       *int64
@@ -91,7 +99,7 @@ func (s *Store) Trace(ctx context.Context, f feed.FeedName, key feed.Key) (KeyTr
 			pat        *time.Time
 			ahead      *int64
 		)
-		if err := rows.Scan(&gen, &head, &known, &rowSeq, &doc, &sink, &cgen, &cseq, &pseq, &preason, &pat, &ahead); err != nil {
+		if err := rows.Scan(&gen, &head, &known, &rowSeq, &doc, &pending, &pendingDoc, &sink, &cgen, &cseq, &pseq, &preason, &pat, &ahead); err != nil {
 			return fail(err)
 		}
 		t.Generation, t.Head = feed.Generation(gen), feed.Seq(head)
@@ -99,6 +107,12 @@ func (s *Store) Trace(ctx context.Context, f feed.FeedName, key feed.Key) (KeyTr
 			t.Found, t.Seq = true, feed.Seq(*rowSeq)
 			if doc != nil {
 				t.Doc = json.RawMessage(doc)
+			}
+		}
+		if pending {
+			t.Unsealed = true
+			if pendingDoc != nil {
+				t.UnsealedDoc = json.RawMessage(pendingDoc)
 			}
 		}
 		if sink == nil {

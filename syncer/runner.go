@@ -83,8 +83,27 @@ func (r *Runner) Run(ctx context.Context) error {
 	for _, w := range r.workers {
 		wg.Go(func() { _ = w.Run(ctx) })
 	}
+	if sl, ok := r.store.(Sealer); ok {
+		seen := map[feed.FeedName]bool{}
+		for _, w := range r.workers {
+			if f := w.id.Feed; !seen[f] {
+				seen[f] = true
+				wg.Go(func() { _ = sl.RunSealer(ctx, f) })
+			}
+		}
+	}
 	wg.Wait()
 	return nil
+}
+
+// Sealer is a store with feeds in a concurrent write mode, whose writes get
+// their seqs from a sealer after they commit (pgfeed.Store). A Runner over
+// such a store runs RunSealer for each feed of its targets beside the
+// workers, so a daemon seals without configuration of its own: the store's
+// sealer lease lets one process at a time seal a feed, and a feed in the
+// locked mode costs a look at its mode now and then.
+type Sealer interface {
+	RunSealer(ctx context.Context, f feed.FeedName) error
 }
 
 // States returns a snapshot of every worker, in the order of the targets.

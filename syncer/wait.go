@@ -121,6 +121,10 @@ func WaitApplied(ctx context.Context, store feed.SyncStore, id feed.SinkID, w fe
 	if err := id.Validate(); err != nil {
 		return WaitResult{ID: id}, err
 	}
+	w, err := sealedWrite(ctx, store, id.Feed, w)
+	if err != nil {
+		return WaitResult{ID: id}, err
+	}
 	t, ok, err := targetOf(w)
 	if err != nil || !ok {
 		return WaitResult{ID: id, Outcome: applied(ok, err)}, err
@@ -131,6 +135,64 @@ func WaitApplied(ctx context.Context, store feed.SyncStore, id feed.SinkID, w fe
 	}
 	out, err := wait(ctx, store, id.Feed, []feed.SinkID{id}, []target{t}, opts)
 	return out[0], err
+}
+
+// SealWaiter is a store whose concurrent-mode writes get their seqs after
+// they commit (pgfeed.Store): SealedRange says whether the keys of such a
+// write are sealed and, once they are, the seqs their rows hold.
+type SealWaiter interface {
+	SealedRange(ctx context.Context, f feed.FeedName, keys []feed.Key) (gen feed.Generation, first, last feed.Seq, sealed bool, err error)
+}
+
+// sealPoll is how often a wait for a concurrent-mode write asks whether its
+// keys are sealed: a sealer seals within milliseconds while writes come, so
+// a wait asks a few times.
+const sealPoll = 5 * time.Millisecond
+
+// sealedWrite turns a concurrent-mode write (Unsealed keys, no seqs) into
+// the write its wait is for, once the store has sealed its keys: the range
+// of the seqs their rows then hold, the write's own or later writes' (a
+// later write of a key makes the wait wait for that write too, and is
+// judged with it). A wait for such a write therefore first waits for the
+// sealer, then for the sinks as for any write; its Parked may also list
+// records of other writes whose seqs fell in that range. When the feed's
+// generation moved on meanwhile, or no key has a row left, the write is
+// judged at its generation's first seq: a sink past it in that generation
+// applied it, one in a later generation finds it superseded. A store that
+// is no SealWaiter cannot resolve it, which is a caller's mistake.
+func sealedWrite(ctx context.Context, store feed.SyncStore, f feed.FeedName, w feed.WriteResult) (feed.WriteResult, error) {
+	if len(w.Unsealed) == 0 {
+		return w, nil
+	}
+	if w.First != 0 || w.Last != 0 {
+		return w, feed.Invalid("write.unsealed", "lists %d keys beside seqs %d..%d; a write has either", len(w.Unsealed), w.First, w.Last)
+	}
+	sw, ok := store.(SealWaiter)
+	if !ok {
+		return w, feed.Invalid("store", "cannot tell when the keys of a concurrent-mode write are sealed (it is no syncer.SealWaiter)")
+	}
+	for {
+		gen, first, last, sealed, err := sw.SealedRange(ctx, f, w.Unsealed)
+		if err != nil {
+			if ctx.Err() != nil {
+				return w, waitEnded(ctx, f)
+			}
+			return w, err
+		}
+		if sealed {
+			if gen != w.Generation || first == 0 {
+				first, last = 1, 1
+			}
+			return feed.WriteResult{Generation: w.Generation, First: first, Last: last}, nil
+		}
+		t := time.NewTimer(sealPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return w, waitEnded(ctx, f)
+		case <-t.C:
+		}
+	}
 }
 
 // applied is the outcome of a wait that did not start: applied for an empty
@@ -152,6 +214,10 @@ func WaitAppliedAll(ctx context.Context, store feed.SyncStore, f feed.FeedName, 
 		return nil, feed.Invalid("store", "must not be nil")
 	}
 	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	w, err := sealedWrite(ctx, store, f, w)
+	if err != nil {
 		return nil, err
 	}
 	t, ok, err := targetOf(w)

@@ -2,6 +2,7 @@ package feedtest
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -54,7 +55,7 @@ func feedRoundTrip(t *testing.T, e *env) {
 		feed.Put("b/ü ñ", doc(`[1, 2.5, "three", {"four": null}]`)),
 		feed.Put("c", doc(`"just a string"`)),
 	)
-	if want := (feed.WriteResult{Generation: 1, First: 1, Last: 3}); res != want {
+	if want := (feed.WriteResult{Generation: 1, First: 1, Last: 3}); !reflect.DeepEqual(res, want) {
 		t.Errorf("first write's result = %+v, want %+v", res, want)
 	}
 	b := e.readAll(e.feed, 0)
@@ -351,7 +352,7 @@ func feedRebuild(t *testing.T, e *env) {
 		t.Errorf("ReadBatch after a rebuild: generation %d head %d %s; want generation 2, head 4 (seqs are not reset), no rows", b.Generation, b.Head, describeRecords(b.Records))
 	}
 	res := e.write(e.feed, feed.Put("a", doc(`10`)))
-	if want := (feed.WriteResult{Generation: 2, First: 5, Last: 5}); res != want {
+	if want := (feed.WriteResult{Generation: 2, First: 5, Last: 5}); !reflect.DeepEqual(res, want) {
 		t.Errorf("first write after a rebuild = %+v, want %+v (above the old head)", res, want)
 	}
 	b = e.readAll(e.feed, 0)

@@ -1,0 +1,388 @@
+package pgfeed
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/leaserow"
+)
+
+// Defaults of SealerOptions.
+const (
+	// DefaultSealLimit bounds the rows one sealing round seals, so a round's
+	// feed lock stays short when a sealer comes back to a backlog.
+	DefaultSealLimit = 1000
+	// DefaultSealMinPoll is the sealer's pause after a round that sealed
+	// some rows but fewer than the limit: rows keep coming, and the next
+	// round goes straight to sealing, without a probe.
+	DefaultSealMinPoll = 500 * time.Microsecond
+	// DefaultSealMaxPoll is the longest pause between two probes of an idle
+	// feed: the probe's cost when nothing is written (one statement per
+	// pause), and the longest a first write after an idle spell waits.
+	DefaultSealMaxPoll = 100 * time.Millisecond
+	// DefaultSealModeCheck is how often a sealer of a feed in the locked
+	// mode looks whether the feed has moved to the concurrent one.
+	DefaultSealModeCheck = 30 * time.Second
+)
+
+// SealerOptions tune a sealer (RunSealer). The zero value is valid and means
+// every default.
+type SealerOptions struct {
+	// Limit bounds the rows a round seals, 1 to feed.MaxBatchLimit.
+	// Defaults to DefaultSealLimit.
+	Limit int
+	// MinPoll is the pause after a round that sealed fewer rows than Limit;
+	// a full round is followed at once. Must not be negative. Defaults to
+	// DefaultSealMinPoll.
+	MinPoll time.Duration
+	// MaxPoll is the longest pause between probes of an idle feed; the
+	// pause doubles from MinPoll up to it while probes find nothing. Must
+	// not be below MinPoll. Defaults to DefaultSealMaxPoll.
+	MaxPoll time.Duration
+	// ModeCheck is how often a sealer of a feed in the locked mode reads
+	// the feed's mode again. Must not be negative. Defaults to
+	// DefaultSealModeCheck.
+	ModeCheck time.Duration
+}
+
+func (o SealerOptions) resolve() (SealerOptions, error) {
+	switch {
+	case o.Limit < 0 || o.Limit > feed.MaxBatchLimit:
+		return o, feed.Invalid("options.sealer.limit", "is %d; it must be 1 to %d", o.Limit, feed.MaxBatchLimit)
+	case o.Limit == 0:
+		o.Limit = DefaultSealLimit
+	}
+	switch {
+	case o.MinPoll < 0:
+		return o, feed.Invalid("options.sealer.min_poll", "is %v; durations must be positive", o.MinPoll)
+	case o.MinPoll == 0:
+		o.MinPoll = DefaultSealMinPoll
+	}
+	switch {
+	case o.MaxPoll < 0:
+		return o, feed.Invalid("options.sealer.max_poll", "is %v; durations must be positive", o.MaxPoll)
+	case o.MaxPoll == 0:
+		o.MaxPoll = max(DefaultSealMaxPoll, o.MinPoll)
+	case o.MaxPoll < o.MinPoll:
+		return o, feed.Invalid("options.sealer.max_poll", "is %v, below min_poll (%v)", o.MaxPoll, o.MinPoll)
+	}
+	switch {
+	case o.ModeCheck < 0:
+		return o, feed.Invalid("options.sealer.mode_check", "is %v; durations must be positive", o.ModeCheck)
+	case o.ModeCheck == 0:
+		o.ModeCheck = DefaultSealModeCheck
+	}
+	return o, nil
+}
+
+// SetWriteMode moves f to mode, in one transaction of its own; see the
+// package doc's "Commit order" for when to choose which. It takes the feed's
+// write lock exclusive and its generations row FOR UPDATE (creating it, as a
+// never-written feed's, when absent), which waits for every open writer of
+// either mode and holds back every new one until it commits. Moving to the locked mode first seals
+// every unsealed row, so the locked mode never meets one. Processes that
+// cached the old mode find out at their next write (see Write).
+//
+// Switch a feed to the concurrent mode only once every process that writes
+// to it, reads it or collects its tombstones runs a build that knows the
+// mode: an older build's write would leave an unsealed write to be sealed
+// over its own, and its collection could delete a tombstone whose key has
+// an unsealed put.
+func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.WriteMode) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	if err := mode.Validate("mode"); err != nil {
+		return err
+	}
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.sql.setMode, string(f)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.sql.excludeWrite, s.writeKey(f)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.sql.lockReset, string(f)); err != nil {
+			return err
+		}
+		if mode == feed.WriteLocked {
+			// Every writer that wrote has committed or rolled back (they
+			// hold the write lock to their end), so no row lock is left to
+			// skip.
+			for {
+				var n, notified int64
+				if err := tx.QueryRow(ctx, s.sql.seal, string(f), int64(feed.MaxBatchLimit), s.names.channel).Scan(&n, &notified); err != nil {
+					return err
+				}
+				if n == 0 {
+					break
+				}
+			}
+			var m string
+			var left bool
+			if err := tx.QueryRow(ctx, s.sql.probe, string(f)).Scan(&m, &left); err != nil {
+				return err
+			}
+			if left {
+				return errors.New("unsealed rows are locked by another transaction")
+			}
+		}
+		_, err := tx.Exec(ctx, s.sql.updateMode, string(f), string(mode))
+		return err
+	})
+	if err != nil {
+		return feed.WriteFailed("setting the write mode of feed "+string(f), err)
+	}
+	s.modes.Store(f, mode)
+	return nil
+}
+
+// SealRound runs one sealing round on f and returns how many rows it sealed;
+// see the package doc's "Commit order". It is for implementers and tests:
+// RunSealer runs rounds under the feed's sealer lease. Rounds need no lease
+// to be safe, only to be few: two rounds at once serialise on the feed
+// lock, and each seals what the other did not.
+func (s *Store) SealRound(ctx context.Context, f feed.FeedName) (int, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	n, err := s.sealRound(ctx, f)
+	if err != nil {
+		return 0, feed.WriteFailed("sealing feed "+string(f), err)
+	}
+	return n, nil
+}
+
+// batcher is what sends a pgx.Batch: a pool, a connection, a transaction.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// sealRound is one round: the feed lock (sealLock), then the seal, in one
+// transaction. Sent as one batch where db can (a pool, a connection), that
+// is one round trip and one commit: a batch outside a transaction runs as
+// one implicit transaction, and each of its statements still takes its own
+// snapshot in READ COMMITTED, so the seal's snapshot is taken after the
+// lock was granted.
+func (s *Store) sealRound(ctx context.Context, f feed.FeedName) (int, error) {
+	var n, notified int64
+	if b, ok := s.db.(batcher); ok {
+		if _, inTx := s.db.(pgx.Tx); !inTx {
+			batch := &pgx.Batch{}
+			batch.Queue(s.sql.sealLock, string(f))
+			batch.Queue(s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
+				return r.Scan(&n, &notified)
+			})
+			if err := b.SendBatch(ctx, batch).Close(); err != nil {
+				return 0, err
+			}
+			return int(n), nil
+		}
+	}
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var err error
+		n, err = s.sealIn(ctx, tx, f)
+		return err
+	})
+	return int(n), err
+}
+
+// sealIn is a round's two statements inside tx.
+func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName) (int64, error) {
+	var n, notified int64
+	if _, err := tx.Exec(ctx, s.sql.sealLock, string(f)); err != nil {
+		return 0, err
+	}
+	err := tx.QueryRow(ctx, s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).Scan(&n, &notified)
+	return n, err
+}
+
+// RunSealer seals f's unsealed rows until ctx ends, while f is in the
+// concurrent write mode and this process holds the feed's sealer lease (a
+// lease row of its own, timed like a sink's lease rows, Options.Lease). Any
+// number of processes may run it for one feed: one holds the lease and
+// seals, the others wait to take over. While f is in the locked mode it
+// holds no lease and reads the mode every SealerOptions.ModeCheck. It
+// returns nil when ctx ends; a fault is logged and retried after a pause,
+// never returned, so a database outage delays sealing and loses nothing
+// (the writes wait unsealed). syncer.Runner runs it for every feed of its
+// targets.
+//
+// The loop: a probe (the mode and whether any row is unsealed, from the
+// partial index); when it finds rows, rounds until one seals nothing, each
+// after the previous at once when it was full, or after MinPoll; then
+// probes again after a pause that doubles from MinPoll to MaxPoll while
+// they find nothing. A row an open writer holds is skipped by the round
+// and sealed by a later one, with that writer's value.
+func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	o := s.sealer
+	var lease *leaserow.Lease
+	defer func() {
+		if lease != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = lease.Release(rctx)
+			cancel()
+		}
+	}()
+	wait := o.MinPoll
+	pause := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	fault := func(what string, err error) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		s.logger.Warn("pgfeed: sealer fault", "feed", string(f), "op", what, "err", err)
+		return pause(s.lease.Heartbeat)
+	}
+	for ctx.Err() == nil {
+		var (
+			mode    string
+			pending bool
+		)
+		if err := s.db.QueryRow(ctx, s.sql.probe, string(f)).Scan(&mode, &pending); err != nil {
+			if !fault("probe", err) {
+				return nil
+			}
+			continue
+		}
+		if feed.WriteMode(mode) != feed.WriteConcurrent {
+			if lease != nil {
+				_ = lease.Release(ctx)
+				lease = nil
+			}
+			if !pause(o.ModeCheck) {
+				return nil
+			}
+			continue
+		}
+		if lease != nil && lease.EnsureHeld(ctx) != nil {
+			_ = lease.Release(ctx)
+			lease = nil
+		}
+		if lease == nil {
+			l, err := s.takeSealer(ctx, f)
+			if err != nil {
+				if !fault("lease", err) {
+					return nil
+				}
+				continue
+			}
+			if l == nil { // another process seals
+				if !pause(s.lease.Heartbeat) {
+					return nil
+				}
+				continue
+			}
+			lease = l
+		}
+		if !pending {
+			wait = min(max(2*wait, o.MinPoll), o.MaxPoll)
+			if !pause(wait) {
+				return nil
+			}
+			continue
+		}
+		for ctx.Err() == nil {
+			n, err := s.sealRound(ctx, f)
+			if err != nil {
+				fault("round", err)
+				break
+			}
+			if n == 0 {
+				break
+			}
+			wait = o.MinPoll
+			if n < o.Limit && !pause(o.MinPoll) {
+				return nil
+			}
+		}
+		// The last round sealed nothing: what is left, if anything, is held
+		// by open writers, so the next probe waits.
+		wait = min(max(2*wait, o.MinPoll), o.MaxPoll)
+		if !pause(wait) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// takeSealer takes f's sealer lease row, or returns nil when a live holder
+// has it.
+func (s *Store) takeSealer(ctx context.Context, f feed.FeedName) (*leaserow.Lease, error) {
+	holder := newHolder("sealer")
+	ttl := micros(s.lease.TTL)
+	takenAt := s.clock.Now()
+	tag, err := s.db.Exec(ctx, s.sql.takeSealer, string(f), string(holder), s.at(takenAt), ttl)
+	if err != nil {
+		return nil, err
+	}
+	if tag.RowsAffected() == 0 {
+		return nil, nil
+	}
+	return leaserow.Start(ctx, leaserow.Config{
+		ID:      feed.SinkID{Feed: f, Sink: "sealer"},
+		Holder:  holder,
+		Timings: s.lease,
+		Clock:   s.clock,
+		TakenAt: takenAt,
+		Logger:  s.logger,
+		Renew: func(ctx context.Context, at time.Time) (bool, error) {
+			tag, err := s.db.Exec(ctx, s.sql.renewSealer, string(f), string(holder), s.at(at), ttl)
+			if err != nil {
+				return false, err
+			}
+			return tag.RowsAffected() > 0, nil
+		},
+		Clear: func(ctx context.Context) error {
+			_, err := s.db.Exec(ctx, s.sql.clearSealer, string(f), string(holder))
+			return err
+		},
+	}), nil
+}
+
+// SealedRange says where a concurrent-mode write of keys stands, for
+// read-your-writes (syncer.WaitApplied): sealed is false while any of the
+// keys' rows waits unsealed, its write or a later one; once none does, first
+// and last are the lowest and highest seq of the keys' rows, each the
+// write's own or a later write's, and gen the feed's generation, in the same
+// snapshot. A key with no row (a delete whose tombstone was collected, or a
+// reset that emptied the feed) plays no part. It is for implementers.
+func (s *Store) SealedRange(ctx context.Context, f feed.FeedName, keys []feed.Key) (gen feed.Generation, first, last feed.Seq, sealed bool, err error) {
+	if err := f.Validate(); err != nil {
+		return 0, 0, 0, false, err
+	}
+	ks := make([]string, len(keys))
+	for i, k := range keys {
+		ks[i] = string(k)
+	}
+	var (
+		g        int64
+		lo, hi   *int64
+		unsealed bool
+	)
+	if err := s.db.QueryRow(ctx, s.sql.sealedRange, string(f), ks).Scan(&g, &lo, &hi, &unsealed); err != nil {
+		return 0, 0, 0, false, feed.Unreadable("reading the seal of a write to feed "+string(f), err)
+	}
+	if unsealed {
+		return feed.Generation(g), 0, 0, false, nil
+	}
+	if lo != nil {
+		first, last = feed.Seq(*lo), feed.Seq(*hi)
+	}
+	return feed.Generation(g), first, last, true, nil
+}
