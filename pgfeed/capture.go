@@ -492,6 +492,13 @@ func (s *Store) Capture(ctx context.Context, spec CaptureSpec) (CaptureInfo, err
 		if err != nil {
 			return err
 		}
+		var mode string
+		if err := tx.QueryRow(ctx, s.sql.modeOf, string(c.spec.Feed)).Scan(&mode); err != nil {
+			return feed.Unreadable("reading the write mode of feed "+string(c.spec.Feed), err)
+		}
+		if feed.WriteMode(mode) == feed.WriteConcurrent {
+			return feed.Invalid("spec.feed", "feed %s is in the concurrent write mode; a capture's trigger writes in the locked mode only, so capture into a locked feed (SetWriteMode)", c.spec.Feed)
+		}
 		info = CaptureInfo{Feed: c.spec.Feed, Schema: c.spec.Schema, Table: c.spec.Table, Version: c.version}
 		for _, k := range c.key {
 			info.Key = append(info.Key, k.name)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -683,5 +684,58 @@ func TestSplitKey(t *testing.T) {
 		if _, err := pgfeed.SplitKey(feed.Key(bad)); err == nil {
 			t.Errorf("SplitKey(%q) accepted a stray %%", bad)
 		}
+	}
+}
+
+// TestCaptureKeepsItsFeedLocked: a capture's trigger and a backfill write by
+// the locked mode's rules, so a captured feed must stay in that mode.
+// Capture refuses a feed in the concurrent mode, SetWriteMode refuses to
+// move a captured feed to it, and should the mode change behind both (by
+// hand, in SQL), the write function refuses the captured write (SQLSTATE
+// 0A000) rather than stamp seqs beside the sealer, so the writer's
+// statement fails and nothing is written.
+func TestCaptureKeepsItsFeedLocked(t *testing.T) {
+	t.Parallel()
+	e := newCapEnv(t, `CREATE TABLE %[1]s.items (id int PRIMARY KEY, name text NOT NULL)`)
+	ctx := t.Context()
+	const f, other = feed.FeedName("items"), feed.FeedName("outbox")
+
+	if err := e.s.SetWriteMode(ctx, other, feed.WriteConcurrent); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: other, Schema: e.d.schema, Table: "items"})
+	var inv *feed.InvalidError
+	if !errors.As(err, &inv) || inv.Field != "spec.feed" || !strings.Contains(err.Error(), "concurrent write mode") {
+		t.Fatalf("Capture into a concurrent-mode feed: %v; want an *InvalidError on spec.feed naming the mode", err)
+	}
+
+	if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: f, Schema: e.d.schema, Table: "items"}); err != nil {
+		t.Fatal(err)
+	}
+	err = e.s.SetWriteMode(ctx, f, feed.WriteConcurrent)
+	if !errors.As(err, &inv) || inv.Field != "mode" || !strings.Contains(err.Error(), "Uncapture") {
+		t.Fatalf("SetWriteMode(concurrent) of a captured feed: %v; want an *InvalidError on mode saying to Uncapture first", err)
+	}
+	e.exec(t, `INSERT INTO `+e.q("items")+` VALUES (1, 'one')`)
+	if got := e.live(t, f); len(got) != 1 {
+		t.Fatalf("the captured feed holds %v; want key 1", got)
+	}
+
+	e.exec(t, `UPDATE "`+e.d.schema+`".feed_generations SET write_mode = 'concurrent' WHERE feed = $1`, string(f))
+	_, head := e.head(t, f)
+	_, err = e.d.pool.Exec(ctx, `INSERT INTO `+e.q("items")+` VALUES (2, 'two')`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
+		t.Fatalf("a captured write to a feed switched by hand: %v; want SQLSTATE 0A000", err)
+	}
+	_, err = e.d.pool.Exec(ctx, `TRUNCATE `+e.q("items"))
+	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
+		t.Fatalf("a captured TRUNCATE of a feed switched by hand: %v; want SQLSTATE 0A000", err)
+	}
+	if _, after := e.head(t, f); after != head {
+		t.Fatalf("the head moved from %d to %d; want the refused writes to write nothing", head, after)
+	}
+	if got := e.live(t, f); len(got) != 1 {
+		t.Fatalf("the feed holds %v after the refused writes; want key 1 alone", got)
 	}
 }

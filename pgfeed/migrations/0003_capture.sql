@@ -35,7 +35,10 @@ CREATE TABLE IF NOT EXISTS {{table "backfills"}} (
 -- as Write's are once compacted: a capture's set is (a statement's rows are
 -- distinct by their unique key, and an UPDATE's tombstones are only the keys
 -- no new row has), and so is a backfill batch; a set with a repeated key
--- fails with the upsert's own error (SQLSTATE 21000), writing nothing. It
+-- fails with the upsert's own error (SQLSTATE 21000), writing nothing. A
+-- feed in the concurrent write mode is refused (SQLSTATE 0A000): the lock
+-- and seqs below are the locked mode's, and Capture and SetWriteMode keep
+-- captured feeds locked, so this is the backstop, read under the row lock. It
 -- refuses what the feed refuses (a NULL or empty key, one over 512 bytes, a
 -- JSON null document) with SQLSTATE 22023, then, in one statement as Write
 -- does, takes the feed lock by adding the number of changes to the head,
@@ -68,7 +71,7 @@ BEGIN
     END IF;
     WITH g AS (
         INSERT INTO {{table "generations"}} AS g (feed, head) VALUES (feed_name, cardinality(keys))
-        ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head
+        ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head WHERE g.write_mode = 'locked'
         RETURNING g.head
     ), w AS (
         INSERT INTO {{table "rows"}} AS r (feed, key, seq, doc)
@@ -77,6 +80,10 @@ BEGIN
         ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc
     )
     SELECT g.head INTO h FROM g, LATERAL (SELECT pg_notify(channel, feed_name)) AS notified;
+    IF h IS NULL THEN
+        RAISE EXCEPTION 'kairos: feed % is in the concurrent write mode; a capture and a backfill write feeds of the locked mode only', feed_name
+            USING ERRCODE = '0A000';
+    END IF;
     RETURN h;
 END
 $kairos$;
@@ -90,8 +97,12 @@ DECLARE
     gen bigint;
 BEGIN
     INSERT INTO {{table "generations"}} AS g (feed, generation) VALUES (feed_name, 2)
-    ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
+    ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1 WHERE g.write_mode = 'locked'
     RETURNING g.generation INTO gen;
+    IF gen IS NULL THEN
+        RAISE EXCEPTION 'kairos: feed % is in the concurrent write mode; a capture and a backfill reset feeds of the locked mode only', feed_name
+            USING ERRCODE = '0A000';
+    END IF;
     DELETE FROM {{table "rows"}} AS r WHERE r.feed = feed_name;
     PERFORM pg_notify(channel, feed_name);
     RETURN gen;
