@@ -33,10 +33,11 @@ type supervisor struct {
 	calls *metrics.Calls
 	log   *slog.Logger
 
-	mu    sync.Mutex
-	order []feed.SinkID // the file's order, for States
-	sinks map[feed.SinkID]*supervised
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	order   []feed.SinkID // the file's order, for States
+	sinks   map[feed.SinkID]*supervised
+	sealers map[feed.FeedName]*supervised // worker unset: a feed's sealer
+	wg      sync.WaitGroup
 }
 
 // supervised is one sink's running worker.
@@ -188,6 +189,55 @@ func (s *supervisor) setOrder(cfg *config.Config) {
 	s.mu.Lock()
 	s.order = order
 	s.mu.Unlock()
+	s.sealFeeds(cfg)
+}
+
+// sealFeeds runs one sealer for each feed of cfg and stops those of feeds
+// no longer in it, as syncer.Runner does for its targets' feeds: a feed in
+// the concurrent write mode gets its seqs from a sealer, and the daemon
+// that mirrors it is where one runs without configuration of its own. The
+// store's sealer lease lets one process at a time seal a feed; a feed in
+// the locked mode costs the sealer one read of its mode now and then. A
+// sealer is not restarted by a reload that leaves its feed in the file.
+func (s *supervisor) sealFeeds(cfg *config.Config) {
+	sl, ok := s.store.(syncer.Sealer)
+	if !ok {
+		return
+	}
+	wanted := map[feed.FeedName]bool{}
+	for _, f := range cfg.Feeds {
+		wanted[feed.FeedName(f.Name)] = true
+	}
+	s.mu.Lock()
+	if s.sealers == nil {
+		s.sealers = map[feed.FeedName]*supervised{}
+	}
+	var stop []*supervised
+	for f, sv := range s.sealers {
+		if !wanted[f] {
+			sv.stop()
+			stop = append(stop, sv)
+			delete(s.sealers, f)
+		}
+	}
+	for f := range wanted {
+		if s.sealers[f] != nil {
+			continue
+		}
+		ctx, cancel := context.WithCancel(s.ctx)
+		sv := &supervised{stop: cancel, done: make(chan struct{})}
+		s.sealers[f] = sv
+		s.wg.Go(func() {
+			defer close(sv.done)
+			if err := sl.RunSealer(ctx, f); err != nil && ctx.Err() == nil {
+				s.log.Error("sealer stopped", "feed", string(f), "error", err)
+			}
+		})
+	}
+	s.mu.Unlock()
+	for _, sv := range stop {
+		<-sv.done
+	}
 }
 
 // reloadResult says what a reload did.
