@@ -22,10 +22,19 @@ import (
 // feedView is one feed as describe shows it; the json and yaml outputs are
 // these fields, so scripts get the same facts the table shows.
 type feedView struct {
-	Feed       string     `json:"feed" yaml:"feed"`
-	Generation int64      `json:"generation" yaml:"generation"`
-	Head       int64      `json:"head" yaml:"head"`
-	Sinks      []sinkView `json:"sinks" yaml:"sinks"`
+	Feed       string `json:"feed" yaml:"feed"`
+	Generation int64  `json:"generation" yaml:"generation"`
+	Head       int64  `json:"head" yaml:"head"`
+	// Mode is the feed's write mode, locked or concurrent. In the
+	// concurrent mode Unsealed counts the keys whose latest write waits
+	// for the sealer (no sink's pending counts them yet), and the sealer's
+	// lease is shown like a sink's.
+	Mode                   string     `json:"mode" yaml:"mode"`
+	Unsealed               int64      `json:"unsealed,omitempty" yaml:"unsealed,omitempty"`
+	SealerHolder           string     `json:"sealer_holder,omitempty" yaml:"sealer_holder,omitempty"`
+	SealerExpiresAt        *time.Time `json:"sealer_expires_at,omitempty" yaml:"sealer_expires_at,omitempty"`
+	SealerExpiresInSeconds *float64   `json:"sealer_expires_in_seconds,omitempty" yaml:"sealer_expires_in_seconds,omitempty"`
+	Sinks                  []sinkView `json:"sinks" yaml:"sinks"`
 }
 
 type sinkView struct {
@@ -49,7 +58,14 @@ type sinkView struct {
 }
 
 func view(d feed.Description, now time.Time) feedView {
-	v := feedView{Feed: string(d.Feed), Generation: int64(d.Generation), Head: int64(d.Head), Sinks: []sinkView{}}
+	v := feedView{Feed: string(d.Feed), Generation: int64(d.Generation), Head: int64(d.Head), Mode: string(d.Mode), Unsealed: d.Unsealed, Sinks: []sinkView{}}
+	if v.Mode == "" {
+		v.Mode = string(feed.WriteLocked)
+	}
+	if d.Sealer != nil && d.Sealer.Holder != "" {
+		at, in := d.Sealer.ExpiresAt, d.Sealer.ExpiresAt.Sub(now).Seconds()
+		v.SealerHolder, v.SealerExpiresAt, v.SealerExpiresInSeconds = string(d.Sealer.Holder), &at, &in
+	}
 	for _, s := range d.Sinks {
 		sv := sinkView{
 			Sink:             string(s.Sink),
@@ -223,6 +239,15 @@ func describe(ctx context.Context, st pgStore, name feed.FeedName) ([]feedView, 
 	return views, nil
 }
 
+// leaseText is a lease holder with the time it has left, or since it
+// lapsed.
+func leaseText(holder string, in float64) string {
+	if in > 0 {
+		return fmt.Sprintf("%s (%s left)", holder, age(in))
+	}
+	return fmt.Sprintf("%s (lapsed %s ago)", holder, age(-in))
+}
+
 func render(w io.Writer, out output, views []feedView, terminal bool) error {
 	switch out {
 	case "json":
@@ -250,6 +275,13 @@ func render(w io.Writer, out output, views []feedView, terminal bool) error {
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintf(w, "%sfeed %s%s  generation %d  head %d\n", bold, v.Feed, reset, v.Generation, v.Head)
+		if v.Mode == string(feed.WriteConcurrent) {
+			sealer := "none"
+			if v.SealerHolder != "" {
+				sealer = leaseText(v.SealerHolder, *v.SealerExpiresInSeconds)
+			}
+			fmt.Fprintf(w, "  concurrent write mode  unsealed %d  sealer %s\n", v.Unsealed, sealer)
+		}
 		if len(v.Sinks) == 0 {
 			fmt.Fprintln(w, "  no sinks registered")
 			continue
@@ -270,11 +302,7 @@ func render(w io.Writer, out output, views []feedView, terminal bool) error {
 			}
 			lease := "free"
 			if s.LeaseHolder != "" {
-				if in := *s.LeaseExpiresInSeconds; in > 0 {
-					lease = fmt.Sprintf("%s (%s left)", s.LeaseHolder, age(in))
-				} else {
-					lease = fmt.Sprintf("%s (lapsed %s ago)", s.LeaseHolder, age(-in))
-				}
+				lease = leaseText(s.LeaseHolder, *s.LeaseExpiresInSeconds)
 			}
 			parked := fmt.Sprint(s.Parked)
 			if s.Parked > 0 {

@@ -24,7 +24,14 @@ type traceView struct {
 	Deleted    bool            `json:"deleted" yaml:"deleted"`
 	Doc        json.RawMessage `json:"doc,omitempty" yaml:"-"`
 	DocText    string          `json:"-" yaml:"doc,omitempty"`
-	Sinks      []traceSink     `json:"sinks" yaml:"sinks"`
+	// Unsealed says a write of the key in the concurrent mode waits for
+	// the sealer; UnsealedDoc is its document, absent for a delete
+	// (UnsealedDeleted). No sink sees it until it is sealed.
+	Unsealed        bool            `json:"unsealed,omitempty" yaml:"unsealed,omitempty"`
+	UnsealedDeleted bool            `json:"unsealed_deleted,omitempty" yaml:"unsealed_deleted,omitempty"`
+	UnsealedDoc     json.RawMessage `json:"unsealed_doc,omitempty" yaml:"-"`
+	UnsealedText    string          `json:"-" yaml:"unsealed_doc,omitempty"`
+	Sinks           []traceSink     `json:"sinks" yaml:"sinks"`
 }
 
 type traceSink struct {
@@ -73,7 +80,8 @@ for the key: never written, or deleted and its tombstone collected).`,
 
 func traceOf(tr pgfeed.KeyTrace) traceView {
 	v := traceView{Feed: string(tr.Feed), Key: string(tr.Key), Generation: int64(tr.Generation), Head: int64(tr.Head),
-		Found: tr.Found, Seq: int64(tr.Seq), Deleted: tr.Found && tr.Doc == nil, Doc: tr.Doc, DocText: string(tr.Doc), Sinks: []traceSink{}}
+		Found: tr.Found, Seq: int64(tr.Seq), Deleted: tr.Found && tr.Doc == nil, Doc: tr.Doc, DocText: string(tr.Doc), Sinks: []traceSink{},
+		Unsealed: tr.Unsealed, UnsealedDeleted: tr.Unsealed && tr.UnsealedDoc == nil, UnsealedDoc: tr.UnsealedDoc, UnsealedText: string(tr.UnsealedDoc)}
 	for _, s := range tr.Sinks {
 		ts := traceSink{Sink: string(s.Sink), Cursor: cursorText(s.Cursor), State: string(s.State), Ahead: s.Ahead}
 		if s.Parked != nil {
@@ -102,6 +110,8 @@ func renderTrace(w io.Writer, out output, v traceView) error {
 		return err
 	}
 	switch {
+	case !v.Found && v.Unsealed:
+		fmt.Fprintf(w, "feed %s (generation %d, head %d): key %q has no sealed row yet\n", v.Feed, v.Generation, v.Head, v.Key)
 	case !v.Found:
 		fmt.Fprintf(w, "feed %s (generation %d, head %d) has no row for key %q: never written, or deleted and collected\n", v.Feed, v.Generation, v.Head, v.Key)
 	case v.Deleted:
@@ -112,6 +122,17 @@ func renderTrace(w io.Writer, out output, v traceView) error {
 			doc = doc[:maxDocShown] + fmt.Sprintf("… (%d bytes; -o json for all)", len(v.DocText))
 		}
 		fmt.Fprintf(w, "feed %s (generation %d, head %d): key %q at seq %d\n  %s\n", v.Feed, v.Generation, v.Head, v.Key, v.Seq, doc)
+	}
+	if v.Unsealed {
+		if v.UnsealedDeleted {
+			fmt.Fprintln(w, "  a delete of it waits for the sealer (concurrent write mode): no sink sees it yet")
+		} else {
+			doc := v.UnsealedText
+			if len(doc) > maxDocShown {
+				doc = doc[:maxDocShown] + fmt.Sprintf("… (%d bytes; -o json for all)", len(v.UnsealedText))
+			}
+			fmt.Fprintf(w, "  a newer write waits for the sealer (concurrent write mode): no sink sees it yet\n  %s\n", doc)
+		}
 	}
 	if len(v.Sinks) == 0 {
 		_, err := fmt.Fprintln(w, "no sinks registered")
