@@ -134,6 +134,13 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 		if errors.Is(err, pgfeed.ErrNotMigrated) {
 			return fmt.Errorf("%w (run kairos migrate)", err)
 		}
+		var inv *feed.InvalidError
+		if errors.As(err, &inv) && inv.Field == "options.advisory_lock" {
+			// The file asked for advisory leases over a database URL
+			// that reaches a transaction pooler: a mistake in the file,
+			// so it exits as one.
+			return usageError{fmt.Errorf("lease.kind: advisory: %w", redactErr(err, cfg.Database.URL))}
+		}
 		return redactErr(err, cfg.Database.URL)
 	}
 	defer st.Close()

@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -100,7 +101,11 @@ func TestPgBouncerDaemons(t *testing.T) {
 	if err == nil || ctx.Err() != nil {
 		t.Fatalf("kairos run with advisory leases through PgBouncer was not refused at start (%v)", err)
 	}
-	if !strings.Contains(msg, "advisory_lock") || !strings.Contains(msg, "transaction pooler") {
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Errorf("kairos run with advisory leases through PgBouncer exited with %v; want 2, a mistake in the file", err)
+	}
+	if !strings.Contains(msg, "lease.kind") || !strings.Contains(msg, "advisory_lock") || !strings.Contains(msg, "transaction pooler") {
 		t.Errorf("the refusal does not name the advisory lease and the transaction pooler as the reason: %s", msg)
 	}
 	if strings.Contains(msg, "planted-s3cret") || strings.Contains(msg, p.Host) {
