@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -11,13 +12,15 @@ import (
 	"github.com/kairos-es/kairos/syncer"
 )
 
-// Fault 9, in the locked write mode (the default). A writer keeps its
-// transaction open for seconds while eight others commit in a loop, and a
-// worker tails the feed into a PostgreSQL table and a file throughout:
+// Fault 9. A writer keeps its transaction open for seconds while eight
+// others commit in a loop, and a worker tails the feed into a PostgreSQL
+// table and a file throughout:
 //
 //   - early: the long writer writes its feed rows first and then holds the
-//     transaction open; it holds the feed lock, so the others queue behind
-//     it and commit after it, with higher seqs;
+//     transaction open. In the locked mode it holds the feed lock, so the
+//     others queue behind it and commit after it, with higher seqs; in the
+//     concurrent mode they commit and are sealed and sent meanwhile, and its
+//     rows, unsealed until it commits, are sealed after theirs;
 //   - late: the long writer does its own work first and writes its feed
 //     rows only just before committing; the others commit meanwhile, and its
 //     rows take seqs above theirs.
@@ -27,7 +30,32 @@ import (
 // the recorder saw each seq the feed holds), and no key went back (I2).
 func TestLongTransactionNoRowSkipped(t *testing.T) {
 	t.Parallel()
+	longTransaction(t, feed.WriteLocked)
+}
+
+// TestLongTransactionNoRowSkippedConcurrent is fault 9 in the concurrent
+// write mode, with the feed's sealer running beside the worker.
+func TestLongTransactionNoRowSkippedConcurrent(t *testing.T) {
+	t.Parallel()
+	longTransaction(t, feed.WriteConcurrent)
+}
+
+func longTransaction(t *testing.T, mode feed.WriteMode) {
 	e := newEnv(t)
+	if mode == feed.WriteConcurrent {
+		if err := e.store.SetWriteMode(e.ctx, e.feed, mode); err != nil {
+			t.Fatal(err)
+		}
+		ctx, stop := context.WithCancel(e.ctx)
+		sealed := make(chan error, 1)
+		go func() { sealed <- e.store.RunSealer(ctx, e.feed) }()
+		defer func() {
+			stop()
+			if err := <-sealed; err != nil {
+				t.Errorf("the sealer: %v", err)
+			}
+		}()
+	}
 	targets := []*target{pgtableTarget(t, e.ctx), fileTarget(t, "")}
 	recs := []*recorder{newRecorder(targets[0].probe), newRecorder(targets[1].probe)}
 	w := e.newWorker("A", false, targets, recs, syncer.Options{BatchSize: 20, MoveInterval: -1, PollInterval: 50 * time.Millisecond})
@@ -86,9 +114,12 @@ func TestLongTransactionNoRowSkipped(t *testing.T) {
 				before++
 			}
 		}
-		t.Logf("late=%v: %d of %d short commits landed while the long transaction was open", late, before, len(shortAt))
-		if !late && before > 0 {
+		t.Logf("%s, late=%v: %d of %d short commits landed while the long transaction was open", mode, late, before, len(shortAt))
+		if !late && mode == feed.WriteLocked && before > 0 {
 			t.Errorf("early: %d short writers committed before the long one, under the feed lock it held", before)
+		}
+		if !late && mode == feed.WriteConcurrent && before == 0 {
+			t.Errorf("early, concurrent mode: no short writer committed while the long transaction was open; they should not wait for it")
 		}
 		if late && before == 0 {
 			t.Errorf("late: no short writer committed while the long transaction was open; the fault did not happen")
