@@ -8,10 +8,12 @@
 // holds once the writers stop.
 //
 // The proxy is toxiproxy (github.com/Shopify/toxiproxy/v2), run in-process as
-// a library, with one toxic of its own (lose_reply: a reply the server sent
+// a library, with two toxics of its own: lose_reply (a reply the server sent
 // is dropped and the client's connection closed, for the commit that landed
-// but whose answer was lost). Its dependencies stay out of the library's
-// module: this is a module of its own, which only tests import.
+// but whose answer was lost) and swallow_reply (a reply and all after it go
+// nowhere while the connection stays open, for a read whose answer never
+// comes on a connection TCP still thinks alive). Its dependencies stay out of
+// the library's module: this is a module of its own, which only tests import.
 //
 // The package has no API; the README's fault matrix lists the tests.
 package faults

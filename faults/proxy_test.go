@@ -117,11 +117,28 @@ var (
 	cutterSeq atomic.Int64
 )
 
-func init() { toxics.Register("lose_reply", new(loseReply)) }
+func init() {
+	toxics.Register("lose_reply", new(loseReply))
+	toxics.Register("swallow_reply", new(swallowReply))
+}
 
 // loseReplies adds a lose_reply toxic that cuts the connection in place of
 // each reply match recognises, once armed (cutter.left).
 func (p *proxy) loseReplies(match func([]byte) bool) *cutter {
+	p.t.Helper()
+	return p.cutReplies("lose_reply", match)
+}
+
+// swallowReplies adds a swallow_reply toxic: each reply match recognises,
+// once armed, never reaches the client, and neither does anything after it
+// on that connection, which stays open.
+func (p *proxy) swallowReplies(match func([]byte) bool) *cutter {
+	p.t.Helper()
+	return p.cutReplies("swallow_reply", match)
+}
+
+// cutReplies adds a downstream toxic of typ driven by a new cutter.
+func (p *proxy) cutReplies(typ string, match func([]byte) bool) *cutter {
 	p.t.Helper()
 	c := &cutter{match: match}
 	name := fmt.Sprintf("cut%d", cutterSeq.Add(1))
@@ -133,8 +150,45 @@ func (p *proxy) loseReplies(match func([]byte) bool) *cutter {
 		delete(cutters, name)
 		cuttersMu.Unlock()
 	})
-	p.toxic(name, "lose_reply", "downstream", map[string]any{"cutter": name})
+	p.toxic(name, typ, "downstream", map[string]any{"cutter": name})
 	return c
+}
+
+// swallowReply is a downstream toxic like loseReply, but it leaves the
+// connection open: the reply it matches, and all that follows on that
+// connection, goes nowhere, as when a reply is lost on a connection TCP still
+// thinks alive. Only the client giving up and closing its end ends it.
+type swallowReply struct {
+	Cutter string `json:"cutter"`
+}
+
+func (t *swallowReply) Pipe(stub *toxics.ToxicStub) {
+	cuttersMu.Lock()
+	c := cutters[t.Cutter]
+	cuttersMu.Unlock()
+	swallowing := false
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case chunk := <-stub.Input:
+			if chunk == nil {
+				stub.Close()
+				return
+			}
+			if !swallowing && c != nil && c.left.Load() > 0 && c.match(chunk.Data) && c.take() {
+				c.made.Add(1)
+				swallowing = true
+			}
+			if swallowing {
+				continue
+			}
+			if err := stub.WriteOutput(chunk, 10*time.Second); err != nil {
+				stub.Close()
+				return
+			}
+		}
+	}
 }
 
 func (t *loseReply) Pipe(stub *toxics.ToxicStub) {

@@ -262,6 +262,7 @@ func (l *advisoryLease) EnsureHeld(ctx context.Context) error {
 	var held bool
 	if err := l.conn.QueryRow(cctx, l.s.sql.holdsLock, l.key).Scan(&held); err != nil {
 		l.lost = &feed.LeaseLostError{ID: l.id, Reason: "the lock session did not answer", Err: err}
+		l.dropSession()
 		return l.lost
 	}
 	if !held {
@@ -269,6 +270,20 @@ func (l *advisoryLease) EnsureHeld(ctx context.Context) error {
 		return l.lost
 	}
 	return nil
+}
+
+// dropSession closes the lock session's socket at once, after a question it
+// did not answer: the lease is lost, and the lock should go with it as soon as
+// the server notices, which the session's keepalives and tcp_user_timeout
+// bound. Closing through pgx would not do: a connection whose query failed
+// first sends a cancel request over a new connection and waits up to 15 s
+// for it before it closes the socket, and a cancel request to a server the
+// session cannot reach waits out all of that, keeping the lock from a rival
+// when nothing else ends the session. Called with l.mu held.
+func (l *advisoryLease) dropSession() {
+	if nc := l.conn.PgConn().Conn(); nc != nil {
+		_ = nc.Close()
+	}
 }
 
 // Release clears the holder from the row (best effort) while the lock is still

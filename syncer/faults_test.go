@@ -545,3 +545,75 @@ func TestSinkRetryDelayHonoured(t *testing.T) {
 		sameDocs(t, "sink after the wait", w.docs(), want)
 	})
 }
+
+// lostReplies loses the answer of the next call of each kind it is armed
+// for: the call blocks until its context ends, as one whose reply was lost on
+// a connection TCP still thinks alive does in a client that honours its
+// context. A lost cursor move lands first: only its answer is lost.
+type lostReplies struct {
+	feed.Reader
+	feed.SyncStore
+	batches, cursors, moves atomic.Int32 // replies still to lose
+	lost                    atomic.Int32 // replies lost
+}
+
+func (s *lostReplies) lose(ctx context.Context, left *atomic.Int32) error {
+	if left.Add(-1) < 0 {
+		left.Store(0)
+		return nil
+	}
+	s.lost.Add(1)
+	<-ctx.Done()
+	return feed.Unreadable("the store", ctx.Err())
+}
+
+func (s *lostReplies) ReadBatch(ctx context.Context, f feed.FeedName, after feed.Seq, limit feed.BatchLimit) (feed.Batch, error) {
+	if err := s.lose(ctx, &s.batches); err != nil {
+		return feed.Batch{}, err
+	}
+	return s.Reader.ReadBatch(ctx, f, after, limit)
+}
+
+func (s *lostReplies) ReadCursor(ctx context.Context, id feed.SinkID) (feed.Cursor, error) {
+	if err := s.lose(ctx, &s.cursors); err != nil {
+		return feed.Cursor{}, err
+	}
+	return s.SyncStore.ReadCursor(ctx, id)
+}
+
+func (s *lostReplies) CASCursor(ctx context.Context, m feed.CursorMove) error {
+	if err := s.SyncStore.CASCursor(ctx, m); err != nil {
+		return err
+	}
+	return s.lose(ctx, &s.moves)
+}
+
+// TestStoreCallsHaveADeadline loses the reply of a feed read, of a cursor
+// read and of a cursor move that landed. Each is cut at Options.StoreTimeout
+// and is a fault the worker backs off from and retries, so the worker catches
+// up with the feed instead of waiting for ever on an answer that never comes.
+func TestStoreCallsHaveADeadline(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		w := newWorld(e, "s")
+		e.write(feed.Put("a", doc(`{}`)))
+		spy := newSpy(e.h.Store)
+		store := &lostReplies{Reader: e.h.Reader, SyncStore: spy}
+		opts := testOptions(t, e)
+		opts.StoreTimeout = time.Second
+		start(t, e, store, store, []syncer.Target{{ID: w.id, Sink: w.sinkFor("A", spy)}}, opts)
+		e.waitCaughtUp(w.id)
+
+		store.batches.Store(1)
+		store.cursors.Store(1)
+		store.moves.Store(1)
+		for i := range 30 {
+			e.write(feed.Put(key(i), doc(`{"i":%d}`, i)))
+		}
+		e.eventually("the worker to meet the three lost replies", e.limit(), func() bool { return store.lost.Load() == 3 })
+		e.write(feed.Put("b", doc(`{}`)))
+		e.waitCaughtUp(w.id)
+		want, _ := e.liveDocs()
+		sameDocs(t, "sink after the lost replies", w.docs(), want)
+		noProblems(t, w)
+	})
+}

@@ -43,6 +43,11 @@ const (
 	// DefaultAdvisorySinkTimeout bounds each sink call under a lease with no
 	// margin to fit the call into (an advisory lock).
 	DefaultAdvisorySinkTimeout = 30 * time.Second
+	// DefaultStoreTimeout bounds each read and cursor move a worker asks of
+	// its store: ample for a batch of DefaultBatchBytes over a slow link, and
+	// far below the quarter of an hour a kernel may spend retransmitting to a
+	// peer that no longer answers.
+	DefaultStoreTimeout = 30 * time.Second
 )
 
 // Options configure a Worker or a Runner. The zero value is valid and means
@@ -84,6 +89,19 @@ type Options struct {
 	// DefaultAdvisorySinkTimeout. The bound comes from the lease itself, so it
 	// always matches how the store was configured.
 	SinkTimeout time.Duration
+	// StoreTimeout is the context deadline of each call a worker makes to its
+	// store while it holds the lease: reading the cursor, the parked list and
+	// the feed's batches (the read ahead included), and moving the cursor. A
+	// request whose answer is lost on a connection TCP still thinks alive
+	// would otherwise stall the worker until the kernel gave up on it, while
+	// the store's other connections go on renewing the lease it does nothing
+	// with; cut at the deadline, it is an infrastructure fault like any
+	// other: the worker backs off, reads the cursor again and retries. A move
+	// cut this way may still have landed; reading the cursor again finds out.
+	// The take of the lease is not bounded here, since the context it gets is
+	// the lease's lifetime. The deadline runs on the real clock, as a store's
+	// client honours it. Defaults to DefaultStoreTimeout.
+	StoreTimeout time.Duration
 	// MoveInterval is how long a worker that is catching up may put off
 	// moving the cursor. While each batch says more follows at once
 	// (feed.Batch.More) and brings nothing to park or unpark, the worker
@@ -153,6 +171,7 @@ func (o Options) resolve() (Options, error) {
 		{"backoff_min", &o.BackoffMin, DefaultBackoffMin},
 		{"lease_retry", &o.LeaseRetry, DefaultLeaseRetry},
 		{"progress_interval", &o.ProgressInterval, DefaultProgressInterval},
+		{"store_timeout", &o.StoreTimeout, DefaultStoreTimeout},
 	} {
 		if *d.v < 0 {
 			return o, feed.Invalid(p+d.name, "is %v; durations must be positive", *d.v)

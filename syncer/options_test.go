@@ -53,6 +53,7 @@ func TestOptionsRefused(t *testing.T) {
 		{"negative lease retry", syncer.Options{LeaseRetry: -1}, "syncer.lease_retry"},
 		{"negative sink timeout", syncer.Options{SinkTimeout: -1}, "syncer.sink_timeout"},
 		{"negative progress interval", syncer.Options{ProgressInterval: -time.Second}, "syncer.progress_interval"},
+		{"negative store timeout", syncer.Options{StoreTimeout: -time.Second}, "syncer.store_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := syncer.NewWorker(store, id, nopSink{}, tc.opts)

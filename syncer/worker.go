@@ -406,11 +406,19 @@ func (s *session) step(ctx context.Context) (idle bool, err error) {
 		}
 	}
 	if !s.fresh {
-		cursor, err := w.store.ReadCursor(ctx, w.id)
+		var cursor feed.Cursor
+		err := w.storeCall(ctx, "reading the cursor", func(ctx context.Context) (err error) {
+			cursor, err = w.store.ReadCursor(ctx, w.id)
+			return err
+		})
 		if err != nil {
 			return false, err
 		}
-		parked, err := w.store.ReadParked(ctx, w.id)
+		var parked []feed.ParkedRecord
+		err = w.storeCall(ctx, "reading the parked records", func(ctx context.Context) (err error) {
+			parked, err = w.store.ReadParked(ctx, w.id)
+			return err
+		})
 		if err != nil {
 			return false, err
 		}
@@ -456,7 +464,7 @@ func (s *session) read(ctx context.Context, after feed.Seq) (feed.Batch, error) 
 		return p.batch, nil
 	}
 	limit := s.limit()
-	b, err := s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, limit)
+	b, err := s.w.readBatch(ctx, after, limit)
 	if err == nil {
 		s.learn(b, limit)
 	}
@@ -504,7 +512,7 @@ func (s *session) startAhead(ctx context.Context, after feed.Seq) {
 	p := &readAhead{after: after, limit: s.limit(), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.batch, p.err = s.w.reader.ReadBatch(ctx, s.w.id.Feed, after, p.limit)
+		p.batch, p.err = s.w.readBatch(ctx, after, p.limit)
 	}()
 	s.ahead = p
 }
@@ -610,12 +618,14 @@ func (s *session) tryFlush(ctx context.Context) {
 // State.RecordsApplied.
 func (s *session) move(ctx context.Context, next feed.Cursor, change feed.ParkChange, taken int64) error {
 	w := s.w
-	err := w.store.CASCursor(ctx, feed.CursorMove{
-		ID:       w.id,
-		Holder:   s.lease.Holder(),
-		Expected: s.cursor,
-		Next:     next,
-		Parked:   change,
+	err := w.storeCall(ctx, "moving the cursor", func(ctx context.Context) error {
+		return w.store.CASCursor(ctx, feed.CursorMove{
+			ID:       w.id,
+			Holder:   s.lease.Holder(),
+			Expected: s.cursor,
+			Next:     next,
+			Parked:   change,
+		})
 	})
 	if err != nil {
 		return err
@@ -853,6 +863,28 @@ func (s *session) abort(ctx context.Context, target feed.ResyncTarget) {
 	if err := s.w.call(actx, "abort resync", target.Abort); err != nil {
 		s.w.log.Warn("aborting an unfinished resync target failed", "error", err)
 	}
+}
+
+// storeCall makes one store call under Options.StoreTimeout, which says why.
+// A call cut at the deadline says so, naming what it was doing; any other
+// error is returned as it is.
+func (w *Worker) storeCall(ctx context.Context, what string, f func(ctx context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, w.opts.StoreTimeout)
+	defer cancel()
+	err := f(cctx)
+	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("%s: no answer within %v (syncer.store_timeout): %w", what, w.opts.StoreTimeout, err)
+	}
+	return err
+}
+
+// readBatch reads the batch after seq after under Options.StoreTimeout.
+func (w *Worker) readBatch(ctx context.Context, after feed.Seq, limit feed.BatchLimit) (b feed.Batch, err error) {
+	err = w.storeCall(ctx, "reading the feed", func(ctx context.Context) (err error) {
+		b, err = w.reader.ReadBatch(ctx, w.id.Feed, after, limit)
+		return err
+	})
+	return b, err
 }
 
 // sinkTimeoutFor is the deadline of every sink call under lease; see

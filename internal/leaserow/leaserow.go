@@ -3,6 +3,23 @@
 // EnsureHeld's age check. Every store that keeps a lease on its cursor row
 // (memfeed, pgfeed) takes the row its own way and hands the rest to Start, so
 // the arithmetic feed.LeaseOptions explains exists once.
+//
+// # Lost for good
+//
+// Once the last renewal seen to land started ttl − margin ago, the lease is
+// lost for good, whoever notices first: EnsureHeld, or the heartbeat before it
+// sends a renewal. From then on EnsureHeld fails and the heartbeat sends
+// nothing more; only Release (or the lease's context ending) still clears the
+// row. The reason is the rival's wait. A renewal the worker could not see land
+// (it timed out, or its answer was lost) may still have landed and pushed the
+// stored expiry on; a heartbeat that went on sending them after trust was gone
+// would keep a rival out for as long as the worker took to release, though the
+// worker could send nothing under the lease. Stopping at the age check bounds
+// the stored expiry by the last renewal started before it: at most ttl, plus
+// that renewal's one-way trip to the store, after trust ended. A renewal
+// already in flight when trust ends is not called back and may still land;
+// it can only push the expiry within that bound, and its answer can no longer
+// make EnsureHeld pass. The same holds once a renewal finds the row taken.
 package leaserow
 
 import (
@@ -39,7 +56,7 @@ type Lease struct {
 
 	mu        sync.Mutex
 	renewedAt time.Time // when the last renewal that landed started
-	lost      string    // why the lease is known lost; "" while not
+	lost      string    // why the lease is lost for good; "" while not
 	released  bool
 
 	stop     chan struct{}
@@ -91,22 +108,34 @@ func (l *Lease) Holder() feed.LeaseHolder { return l.cfg.Holder }
 // within it lands before any rival can take the row.
 func (l *Lease) Margin() (time.Duration, bool) { return l.cfg.Timings.Margin, true }
 
-// EnsureHeld fails once the lease is known lost, or once the last renewal that
+// EnsureHeld fails once the lease is lost, or once the last renewal that
 // landed started Usable() ago; see feed.LeaseOptions for why that bound is safe.
-// It asks nothing of the store.
+// The failed age check is final (see the package doc). It asks nothing of the
+// store.
 func (l *Lease) EnsureHeld(context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released {
 		return &feed.LeaseLostError{ID: l.cfg.ID, Reason: "released"}
 	}
+	if l.trustedLocked(l.cfg.Clock.Now()) {
+		return nil
+	}
+	return &feed.LeaseLostError{ID: l.cfg.ID, Reason: l.lost}
+}
+
+// trustedLocked is the age check, made at now with l.mu held: it reports
+// whether the lease may still be counted on, and marks it lost for good the
+// first time it may not.
+func (l *Lease) trustedLocked(now time.Time) bool {
 	if l.lost != "" {
-		return &feed.LeaseLostError{ID: l.cfg.ID, Reason: l.lost}
+		return false
 	}
-	if age := l.cfg.Clock.Now().Sub(l.renewedAt); age >= l.cfg.Timings.Usable() {
-		return &feed.LeaseLostError{ID: l.cfg.ID, Reason: "last renewal started " + age.String() + " ago, at or past ttl − margin (" + l.cfg.Timings.Usable().String() + ")"}
+	if age := now.Sub(l.renewedAt); age >= l.cfg.Timings.Usable() {
+		l.lost = "last renewal started " + age.String() + " ago, at or past ttl − margin (" + l.cfg.Timings.Usable().String() + ")"
+		return false
 	}
-	return nil
+	return true
 }
 
 // Release stops the heartbeat, waits for it, and clears the row. Safe to call
@@ -131,7 +160,13 @@ func (l *Lease) Release(ctx context.Context) error {
 // the interval, so each one starts on its own tick whatever became of the one
 // before. A worker that fell behind (a pause) renews at once, and once more at
 // once if that renewal also ended past its tick, but never replays the ticks it
-// missed.
+// missed. Each tick makes the age check first, and once the lease is lost the
+// heartbeat sends nothing more (package doc): a pause past ttl − margin
+// therefore loses the lease, as EnsureHeld would. A lost lease's heartbeat
+// keeps its cadence, renewing nothing, until Release or the context's end
+// (which still clears the row): an idle timer costs nothing, and the heartbeat
+// keeps the one shape that the store suites, stepping a manual clock from
+// timer to timer, rely on.
 func (l *Lease) heartbeat(ctx context.Context, t feed.Timer) {
 	defer close(l.done)
 	interval := l.cfg.Timings.Heartbeat
@@ -157,7 +192,13 @@ func (l *Lease) heartbeat(ctx context.Context, t feed.Timer) {
 			return
 		default:
 		}
-		l.renew(ctx)
+		at := l.cfg.Clock.Now()
+		l.mu.Lock()
+		trusted := l.trustedLocked(at)
+		l.mu.Unlock()
+		if trusted {
+			l.renew(ctx, at)
+		}
 		now := l.cfg.Clock.Now()
 		next = next.Add(interval)
 		if next.Before(now) {
@@ -167,14 +208,13 @@ func (l *Lease) heartbeat(ctx context.Context, t feed.Timer) {
 	}
 }
 
-// renew makes one renewal, bounded by the heartbeat. A renewal that fails or
-// times out is not yet a lost lease: the age check decides that, a margin
-// before the lease can lapse. A renewal abandoned too late to be cancelled can
-// still land, but it touches only this holder's row and never moves the expiry
-// back, and renewedAt stays at the last renewal seen to land, so EnsureHeld errs
-// early, never late.
-func (l *Lease) renew(ctx context.Context) {
-	at := l.cfg.Clock.Now()
+// renew makes one renewal started at at, bounded by the heartbeat. A renewal
+// that fails or times out is not yet a lost lease: the age check decides that,
+// a margin before the lease can lapse. A renewal abandoned too late to be
+// cancelled can still land, but it touches only this holder's row and never
+// moves the expiry back, and renewedAt stays at the last renewal seen to land,
+// so EnsureHeld errs early, never late.
+func (l *Lease) renew(ctx context.Context, at time.Time) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Timings.Heartbeat)
 	held, err := l.cfg.Renew(rctx, at)
 	cancel()
@@ -190,7 +230,9 @@ func (l *Lease) renew(ctx context.Context) {
 			l.cfg.Logger.Log(ctx, level, "feed lease renewal failed", "feed", l.cfg.ID.Feed, "sink", l.cfg.ID.Sink, "error", err)
 		}
 	case !held:
-		l.lost = "the lease row no longer names this holder"
+		if l.lost == "" {
+			l.lost = "the lease row no longer names this holder"
+		}
 	case at.After(l.renewedAt):
 		l.renewedAt = at
 	}

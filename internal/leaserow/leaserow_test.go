@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -224,12 +225,13 @@ func TestRenewalFindingRivalLosesLease(t *testing.T) {
 }
 
 // After a pause, the heartbeat renews at once and does not replay every tick
-// it missed.
+// it missed. (A pause past ttl − margin loses the lease instead:
+// TestNoRenewalOnceTrustIsGone.)
 func TestPauseDoesNotReplayTicks(t *testing.T) {
 	t.Parallel()
 	r := newRow()
 	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
-	clock.Skip(4*o.Heartbeat + o.Heartbeat/2) // frozen across four ticks
+	clock.Skip(2*o.Heartbeat + o.Heartbeat/2) // frozen across two ticks, within ttl − margin
 	clock.Advance(0)
 	deadline := time.After(10 * time.Second)
 	for got := 0; got < 2; got++ { // the overdue tick, then one at once
@@ -330,14 +332,102 @@ func TestSlowRenewalCountsFromItsStart(t *testing.T) {
 	wantHeld(t, l, false) // ttl − margin after the renewal started, though it landed later
 }
 
-// A lease a renewal found taken stays lost, whatever later renewals answer.
+// startBubbled starts a lease on the system clock inside a synctest bubble,
+// where time moves only when every goroutine of the bubble is blocked: so a
+// test can let many heartbeats pass and then know the heartbeat did all it
+// was going to do.
+func startBubbled(t *testing.T, opts feed.LeaseOptions, r *row) (*leaserow.Lease, time.Time, feed.LeaseOptions) {
+	t.Helper()
+	timings, err := opts.Resolve("lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := time.Now()
+	l := leaserow.Start(context.Background(), leaserow.Config{
+		ID: feed.SinkID{Feed: "f", Sink: "s"}, Holder: "h", Timings: timings, Clock: feed.SystemClock{}, TakenAt: taken,
+		Renew: r.renew, Clear: r.clear, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	return l, taken, timings
+}
+
+// A lease a renewal found taken stays lost, and its heartbeat sends no
+// renewal after that one, though the row would answer held again (as no real
+// row can).
 func TestLostStaysLost(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		r := newRow()
+		l, _, o := startBubbled(t, feed.LeaseOptions{}, r)
+		r.then(taken)
+		time.Sleep(5 * o.Heartbeat)
+		synctest.Wait()
+		wantHeld(t, l, false)
+		r.mu.Lock()
+		n := len(r.starts)
+		r.mu.Unlock()
+		if n != 1 {
+			t.Errorf("%d renewals, want 1: none after the one that found the row taken", n)
+		}
+		if err := l.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Once the last renewal seen to land started ttl − margin ago, the heartbeat
+// sends no renewal more, though nobody called EnsureHeld: renewals whose
+// answers never came back may still have landed and pushed the stored expiry
+// on, and a heartbeat that went on sending them would keep a rival waiting
+// however long the worker took to notice. The lease stays lost, and Release
+// still clears the row.
+func TestNoRenewalOnceTrustIsGone(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		r := newRow()
+		l, taken, o := startBubbled(t, feed.LeaseOptions{}, r)
+		r.then(fail, fail, fail, fail, fail, fail, fail, fail, fail, fail, fail, fail, fail, fail, fail)
+		time.Sleep(3 * o.TTL)
+		synctest.Wait()
+		r.mu.Lock()
+		starts := append([]time.Time(nil), r.starts...)
+		r.mu.Unlock()
+		if len(starts) == 0 {
+			t.Fatal("no renewal at all: the test proves nothing")
+		}
+		for _, at := range starts {
+			if age := at.Sub(taken); age >= o.Usable() {
+				t.Errorf("a renewal started %v after the last one that landed, at or past ttl − margin (%v)", age, o.Usable())
+			}
+		}
+		wantHeld(t, l, false)
+		if err := l.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r.cleared != 1 {
+			t.Errorf("cleared %d times, want 1", r.cleared)
+		}
+	})
+}
+
+// A renewal in flight when the age check fails may still land, but its answer
+// cannot make EnsureHeld pass again: the failed check is final.
+func TestRenewalLandingAfterTrustEndedKeepsLeaseLost(t *testing.T) {
 	t.Parallel()
 	r := newRow()
 	l, clock, o := start(t, context.Background(), feed.LeaseOptions{}, r)
-	r.then(taken) // then held again, as no real row can answer
-	tick(t, clock, r, o.Heartbeat)
-	wantHeld(t, l, false)
+	// Renewals fail until the last tick before ttl − margin, whose renewal
+	// answers only after the age check failed.
+	var at time.Duration
+	for at+2*o.Heartbeat < o.Usable() {
+		r.then(fail)
+		tick(t, clock, r, o.Heartbeat)
+		at += o.Heartbeat
+	}
+	r.then(func(context.Context) (bool, error) {
+		clock.Skip(o.Usable() - clock.Now().Sub(t0)) // the answer comes back late
+		wantHeld(t, l, false)
+		return true, nil // and says the renewal landed
+	})
 	tick(t, clock, r, o.Heartbeat)
 	wantHeld(t, l, false)
 }
