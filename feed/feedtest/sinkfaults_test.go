@@ -53,6 +53,7 @@ var sinkFaults = map[string]string{ // fault → the subtest that must catch it
 	"checkThenWrite":      "ConcurrentApply",
 	"noFloor":             "StaleGenerationAfterPublish",
 	"ignoresSetFloor":     "StaleGenerationAfterEmptyPublish",
+	"noFloorSetter":       "StaleGenerationAfterEmptyPublish",
 }
 
 // faultySink is one process's handle on a mapTarget; Reopen gives another
@@ -258,6 +259,9 @@ func (s *faultySink) OpenResync(_ context.Context, g feed.Generation) (feed.Resy
 		s.t.shadows[g] = sh
 	}
 	sh.aborted = false
+	if s.fault == "noFloorSetter" { // hides SetFloor: a copy sent no record has no floor
+		return struct{ feed.ResyncTarget }{&faultyResync{s: s, g: g, sh: sh}}, nil
+	}
 	return &faultyResync{s: s, g: g, sh: sh}, nil
 }
 
