@@ -33,7 +33,8 @@ const subscribeTimeout = 5 * time.Second
 // cursor does not move meanwhile.
 type SinkError struct {
 	ID feed.SinkID
-	// Op is the call: "apply", "open resync", "apply resync" or "publish".
+	// Op is the call: "apply", "open resync", "apply resync", "set resync
+	// floor" or "publish".
 	Op  string
 	Err error
 }
