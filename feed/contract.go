@@ -217,9 +217,8 @@ type Lease interface {
 // from the start of its generation in seq order and then only moves on, so
 // no record of the copy's generation is below its first batch, and every
 // record of an older generation is. A copy that was sent no record (its
-// generation's feed was empty) has no floor: a stale call landing after it
-// was published still adds its keys, as before the floor, until a record is
-// applied over them or the next resync.
+// generation's feed was empty) gets its floor from FloorSetter instead,
+// which every sink that keeps the guard implements on its ResyncTarget.
 type Sink interface {
 	Apply(ctx context.Context, records []Record) ([]Rejection, error)
 	// OpenResync opens a fresh, empty copy of the sink for generation (1 or
@@ -255,4 +254,25 @@ type ResyncTarget interface {
 	Apply(ctx context.Context, records []Record) ([]Rejection, error)
 	Publish(ctx context.Context) error
 	Abort(ctx context.Context) error
+}
+
+// FloorSetter is a ResyncTarget that can be given its floor (Sink's doc, the
+// seq guard) without being sent a record. A copy that was sent none learns
+// no floor from its first batch, so without one a stale call of the
+// generation before, landing after Publish, would add keys the rebuild
+// removed. Every sink that keeps the seq guard implements it, on the same
+// mechanism that keeps the floor of its first batch.
+//
+// The worker calls SetFloor once, before Publish, on a copy it sent no
+// record, with the head its resync's last read saw plus one: every seq
+// handed out so far, the stale calls' included, is at or below that head,
+// and every later record of the copy's generation is above it. A copy that
+// was sent records keeps the floor of its first batch, which is never
+// higher and needs no call. SetFloor makes floor the copy's floor, kept as a
+// first batch's would be (Sink's doc): in the target until Publish where
+// that suffices, beside the copy otherwise, and beside the live copy from
+// Publish on. A later Apply to the target does not replace it. floor is 1
+// or more; anything else is an *InvalidError for "floor".
+type FloorSetter interface {
+	SetFloor(ctx context.Context, floor Seq) error
 }

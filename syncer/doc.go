@@ -9,7 +9,8 @@
 // and then either resyncs (the cursor is absent or of an older generation:
 // fill a fresh copy of the sink from the start of the current generation,
 // publish it, and move the cursor to the last seq read with the parked list
-// replaced by what the copy refused) or sends incremental batches after the
+// replaced by what the copy refused; a copy it sent no record is first given
+// its floor, feed.FloorSetter) or sends incremental batches after the
 // cursor, parking what the sink refuses and unparking keys whose newer version
 // it took. Caught up, it waits for the feed's wake-up or the poll interval.
 // Worker's doc draws the state machine.

@@ -139,10 +139,10 @@ type Options struct {
 // at once: count, observe, never block or call back into the worker.
 type Observer interface {
 	// SinkCall reports one call of op ("apply", "open resync", "apply
-	// resync", "publish", "abort resync") on the sink of id: how long it took
-	// on the real clock (the one sink deadlines run on), and the error it
-	// ended with, nil when it succeeded. Rejections are a successful call's
-	// answer, not an error.
+	// resync", "set resync floor", "publish", "abort resync") on the sink of
+	// id: how long it took on the real clock (the one sink deadlines run
+	// on), and the error it ended with, nil when it succeeded. Rejections
+	// are a successful call's answer, not an error.
 	SinkCall(id feed.SinkID, op string, took time.Duration, err error)
 }
 

@@ -33,7 +33,8 @@ const subscribeTimeout = 5 * time.Second
 // cursor does not move meanwhile.
 type SinkError struct {
 	ID feed.SinkID
-	// Op is the call: "apply", "open resync", "apply resync" or "publish".
+	// Op is the call: "apply", "open resync", "apply resync", "set resync
+	// floor" or "publish".
 	Op  string
 	Err error
 }
@@ -739,7 +740,9 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		published bool
 		after     feed.Seq
 		refused   = map[feed.Key]feed.ParkedRecord{}
-		taken     int64 // records the target took, for State.RecordsApplied
+		taken     int64    // records the target took, for State.RecordsApplied
+		sent      bool     // the target was sent a record, so it has its floor
+		head      feed.Seq // the head the last read saw, in its batch's snapshot
 	)
 	now := w.opts.Clock.Now()
 	s.prog = &progress{what: "resync", began: now, loggedAt: now}
@@ -803,15 +806,31 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 					delete(refused, rec.Key) // a newer version was taken
 				}
 			}
+			sent = true
 			after = batch.Records[n-1].Seq
 			taken += int64(n - len(r))
 			s.prog.rows += int64(n - len(r))
 		}
+		head = batch.Head
 		lag := int64(batch.Head - after)
 		w.update(func(st *State) { st.Head = batch.Head; st.Lag = lag })
 		s.logProgress(ctx, lag)
 		if !batch.More {
 			break // nothing above the last seq read in this batch's snapshot
+		}
+	}
+	if fs, ok := target.(feed.FloorSetter); ok && !sent {
+		// A copy sent no record has no first batch to take its floor from;
+		// head+1 is above every seq handed out so far and below every later
+		// one (feed.FloorSetter). A copy that was sent records keeps its
+		// first batch's floor.
+		if err := s.lease.EnsureHeld(ctx); err != nil {
+			return err
+		}
+		if err := w.call(ctx, "set resync floor", func(ctx context.Context) error {
+			return fs.SetFloor(ctx, head+1)
+		}); err != nil {
+			return err
 		}
 	}
 	if err := s.lease.EnsureHeld(ctx); err != nil {

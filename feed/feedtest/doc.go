@@ -188,6 +188,12 @@
 //     Publish, from Sink and a reopened sink, changes nothing: it neither
 //     brings back keys the copy lacks (deleted, or never sent) nor touches
 //     the keys it holds; the copy's own later records still land.
+//   - StaleGenerationAfterEmptyPublish (likewise): a copy sent no record
+//     takes its floor from SetFloor (feed.FloorSetter, which a sink that
+//     keeps the guard must implement): after SetFloor(10) and Publish, a
+//     stale batch below 10, sent to the copy and then from Sink and reopened
+//     sinks, adds nothing; records at 10 and above land. SetFloor(0) is an
+//     *feed.InvalidError.
 //   - Rejection (when the harness has a RejectKey): a refused record comes
 //     back as a feed.Rejection with its key, seq and a reason, not an error,
 //     and the rest of the batch is applied, resyncs included.

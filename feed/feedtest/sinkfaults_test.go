@@ -52,6 +52,8 @@ var sinkFaults = map[string]string{ // fault → the subtest that must catch it
 	"forgetsTombstoneSeq": "ConditionalOnSeqAfterDelete",
 	"checkThenWrite":      "ConcurrentApply",
 	"noFloor":             "StaleGenerationAfterPublish",
+	"ignoresSetFloor":     "StaleGenerationAfterEmptyPublish",
+	"noFloorSetter":       "StaleGenerationAfterEmptyPublish",
 }
 
 // faultySink is one process's handle on a mapTarget; Reopen gives another
@@ -74,7 +76,7 @@ type mapTarget struct {
 
 type shadow struct {
 	m       map[feed.Key]entry
-	floor   feed.Seq // set by the copy's first non-empty Apply
+	floor   feed.Seq // set by the copy's first non-empty Apply, or SetFloor
 	aborted bool
 }
 
@@ -257,6 +259,9 @@ func (s *faultySink) OpenResync(_ context.Context, g feed.Generation) (feed.Resy
 		s.t.shadows[g] = sh
 	}
 	sh.aborted = false
+	if s.fault == "noFloorSetter" { // hides SetFloor: a copy sent no record has no floor
+		return struct{ feed.ResyncTarget }{&faultyResync{s: s, g: g, sh: sh}}, nil
+	}
 	return &faultyResync{s: s, g: g, sh: sh}, nil
 }
 
@@ -291,6 +296,21 @@ func (r *faultyResync) Apply(ctx context.Context, records []feed.Record) ([]feed
 		}
 	}
 	return r.s.apply(r.sh.m, r.sh.floor, records)
+}
+
+func (r *faultyResync) SetFloor(_ context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	r.s.t.mu.Lock()
+	defer r.s.t.mu.Unlock()
+	if r.s.t.down {
+		return errDown
+	}
+	if r.s.fault != "ignoresSetFloor" {
+		r.sh.floor = floor
+	}
+	return nil
 }
 
 func (r *faultyResync) Publish(context.Context) error {

@@ -3,6 +3,7 @@ package feedtest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -97,6 +98,7 @@ func RunSink(t *testing.T, newSink func(t *testing.T) SinkHarness) {
 	run("ConditionalOnSeqAfterDelete", sinkConditionalAfterDelete)
 	run("ConcurrentApply", sinkConcurrentApply)
 	run("StaleGenerationAfterPublish", sinkStaleGeneration)
+	run("StaleGenerationAfterEmptyPublish", sinkStaleGenerationEmpty)
 	run("Rejection", sinkRejection)
 	run("BadInput", sinkBadInput)
 }
@@ -758,4 +760,52 @@ func sinkStaleGeneration(t *testing.T, s *sinkEnv) {
 	// Generation 2's own records still land, at and above the floor.
 	s.apply("generation 2's next batch", rec("c", 14, `"c2"`), rec("f", 15, ""))
 	s.want("after generation 2's next batch", map[string]string{"a": `"a2"`, "c": `"c2"`, "e": `"e2"`})
+}
+
+func sinkStaleGenerationEmpty(t *testing.T, s *sinkEnv) {
+	if !s.h.ConditionalOnSeq {
+		t.Skip("the sink does not make writes conditional on seq")
+	}
+	// As StaleGenerationAfterPublish, but the rebuild left generation 2's
+	// feed empty: the copy is sent no record, and the worker gives it its
+	// floor, the head it saw plus one, with SetFloor (feed.FloorSetter).
+	stale := s.h.Sink
+	if s.h.Reopen != nil {
+		stale = s.h.Reopen(t)
+	}
+	s.apply("generation 1's live copy", rec("a", 1, `"a1"`), rec("b", 2, `"b1"`), rec("c", 3, `"c1"`))
+	r := s.open(2)
+	fs, ok := r.(feed.FloorSetter)
+	if !ok {
+		_ = r.Abort(s.ctx)
+		t.Fatalf("the sink keeps the seq guard, but its resync target (%T) is no feed.FloorSetter: it must be one, or a copy sent no record has no floor", r)
+	}
+	var ie *feed.InvalidError
+	if err := fs.SetFloor(s.ctx, 0); !errors.As(err, &ie) || ie.Field != "floor" {
+		t.Fatalf("SetFloor(0) = %v; want an *feed.InvalidError for \"floor\"", err)
+	}
+	if err := fs.SetFloor(s.ctx, 10); err != nil {
+		t.Fatalf("SetFloor(10): %v", err)
+	}
+	staleBatch := []feed.Record{rec("c", 4, `"c stale"`), rec("a", 5, `"a stale"`), rec("b", 6, ""), rec("d", 9, `"d stale"`)}
+	if rej, err := r.Apply(s.ctx, staleBatch); err != nil || len(rej) != 0 {
+		t.Fatalf("a stale batch sent to the resync target: Apply = %v, %v; want it ignored without rejection or error", rej, err)
+	}
+	if err := r.Publish(s.ctx); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	s.want("after publishing an empty copy sent a stale batch while it filled", map[string]string{})
+	handles := []feed.Sink{stale, s.h.Sink}
+	if s.h.Reopen != nil {
+		handles = append(handles, s.h.Reopen(t))
+	}
+	for _, h := range handles {
+		if rej, err := h.Apply(s.ctx, staleBatch); err != nil || len(rej) != 0 {
+			t.Fatalf("a stale batch of generation 1 after the publish: Apply = %v, %v; want it ignored without rejection or error", rej, err)
+		}
+		s.want("after a stale batch of generation 1 landed on the published empty copy", map[string]string{})
+	}
+	// Generation 2's own records land, at and above the floor.
+	s.apply("generation 2's first records", rec("a", 10, `"a2"`), rec("e", 11, `"e2"`))
+	s.want("after generation 2's first records", map[string]string{"a": `"a2"`, "e": `"e2"`})
 }

@@ -22,7 +22,8 @@ type SinkOptions struct {
 // a stale call from a worker that lost its lease cannot bring back an older
 // version. Resyncs fill a fresh map that Publish swaps in at once, with the
 // copy's floor (feed.Sink's doc), so a stale call of the generation before
-// cannot bring back a key the copy lacks.
+// cannot bring back a key the copy lacks; its targets are feed.FloorSetters,
+// so a copy that was sent no record has one too.
 type Sink struct {
 	opts SinkOptions
 
@@ -106,7 +107,7 @@ type resync struct {
 	generation feed.Generation
 	mu         sync.Mutex
 	m          map[feed.Key]entry // nil once published or aborted
-	floor      feed.Seq           // set by the first non-empty Apply
+	floor      feed.Seq           // set by the first non-empty Apply, or SetFloor
 }
 
 func (r *resync) Apply(_ context.Context, records []feed.Record) ([]feed.Rejection, error) {
@@ -122,6 +123,21 @@ func (r *resync) Apply(_ context.Context, records []feed.Record) ([]feed.Rejecti
 		}
 	}
 	return r.s.apply(r.m, r.floor, records), nil
+}
+
+// SetFloor gives a copy that was sent no record its floor; see
+// feed.FloorSetter.
+func (r *resync) SetFloor(_ context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		return errTargetClosed
+	}
+	r.floor = floor
+	return nil
 }
 
 func (r *resync) Publish(context.Context) error {

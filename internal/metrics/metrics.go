@@ -68,7 +68,7 @@ func NewCalls() *Calls {
 	return &Calls{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kairos_sink_call_duration_seconds",
-			Help:    "How long each sink call took, by operation (apply, open resync, apply resync, publish, abort resync), failed calls included.",
+			Help:    "How long each sink call took, by operation (apply, open resync, apply resync, set resync floor, publish, abort resync), failed calls included.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"feed", "sink", "op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{

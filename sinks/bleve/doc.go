@@ -40,7 +40,8 @@
 // of its generation in seq order and then only moves forward, so every later
 // record is at or above the floor, and a stale call from a worker of the
 // generation before (whose seqs are all below it) is ignored even for keys the
-// new copy never had.
+// new copy never had. A copy that was sent no record is given its floor by
+// the worker through SetFloor (feed.FloorSetter), stored the same way.
 //
 // Seqs live in a bolt file of their own rather than in bleve's internal store
 // because bleve copies and persists its whole internal store with every

@@ -150,6 +150,30 @@ func (t *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	return t.s.apply(ctx, t.ix, records)
 }
 
+// SetFloor gives an index that was sent no record its floor, stored in its
+// seq file as a first batch's is; see feed.FloorSetter.
+func (t *resync) SetFloor(ctx context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	r := t.s.r
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if t.ix.dead || t.s.closed.Load() {
+		return fmt.Errorf("bleve: setting the floor of %s: %w (a newer resync or an Abort threw it away)", t.ix.name, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(floor))
+	if err := t.ix.seqs.Update(func(tx *bolt.Tx) error { return tx.Bucket(metaBucket).Put(floorKey, v[:]) }); err != nil {
+		return fmt.Errorf("bleve: writing the floor of %s: %w", t.ix.name, err)
+	}
+	t.ix.floor = floor
+	return nil
+}
+
 // Publish names the new index in the pointer file (written to a temporary
 // name, synced, renamed over the pointer, the directory synced), then
 // serves it to this process's searchers; the old index goes once the last

@@ -10,8 +10,8 @@
 //
 // The first line is a header, {"kairos_file":1,"generation":G}, G being the
 // generation of the resync that wrote the copy (0 for a copy no resync
-// made), with "floor":F once the resync was sent its first records (see
-// Guarantees). Every other line is one record, in the order it was written:
+// made), with "floor":F once the resync was sent its first records or was
+// given its floor by SetFloor (see Guarantees). Every other line is one record, in the order it was written:
 //
 //	{"key":"k1","seq":12,"doc":{"name":"lamp"}}
 //	{"key":"k2","seq":13,"deleted":true}
@@ -37,7 +37,9 @@
 // sent (its floor), and refuses any record below it: seqs are never reset
 // across generations, so such a record is of an older generation, sent by a
 // stale worker after the copy was published, and would otherwise bring back
-// a key the rebuild no longer has.
+// a key the rebuild no longer has. A copy that was sent no record gets its
+// floor in its header from SetFloor (feed.FloorSetter), which the worker
+// calls before Publish.
 //
 // Durability: Apply returns once its lines are written and fsynced, so the
 // cursor moves only past what is on disk.

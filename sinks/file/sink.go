@@ -387,6 +387,43 @@ func (t *target) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	return rejs, err
 }
 
+// SetFloor gives a copy that was sent no record its floor, in its header as
+// a first batch's is; see feed.FloorSetter. A copy that already holds
+// records keeps its header: SetFloor then fails, changing nothing.
+func (t *target) SetFloor(ctx context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return t.s.locked(func() error {
+		f, err := os.OpenFile(t.c.path, os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := t.c.catchUp(f); err != nil {
+			return err
+		}
+		if t.c.lines > 0 {
+			return fmt.Errorf("setting the floor of %s: the copy already holds records", t.c.path)
+		}
+		hl := headerLine(t.c.gen, floor)
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := f.WriteAt(hl, 0); err != nil {
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		t.c.floor, t.c.offset = floor, int64(len(hl))
+		return nil
+	})
+}
+
 // Publish renames the copy over the live file; see the package doc.
 func (t *target) Publish(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {

@@ -52,8 +52,9 @@
 // the records below the floor of the copy it produces to, unsent (a stale
 // sink learns the new copy's floor when it follows the pointer), and Reader
 // leaves out those that land all the same (from a build without the floor,
-// or a request already on the wire). A resync that was sent nothing
-// publishes no floor (feed.Sink's doc says what that leaves).
+// or a request already on the wire). A resync that was sent nothing is
+// given its floor by the worker through SetFloor (feed.FloorSetter), and
+// publishes it in the pointer all the same.
 //
 // What Reader cannot undo is compaction. Compaction keeps each key's last
 // record by offset, not by seq, so once a stale record lands after a newer

@@ -377,7 +377,7 @@ type resync struct {
 	mu         sync.Mutex
 	published  bool
 	// floor is the copy's floor, set by the first Apply that is sent
-	// records; Publish writes it into the pointer. Only this value ever
+	// records, or by SetFloor; Publish writes it into the pointer. Only this value ever
 	// writes to its copy before then (see # Consumers in the package doc),
 	// so it is kept here until the publish.
 	floor feed.Seq
@@ -398,6 +398,19 @@ func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	p := pointer{Topic: r.topic, Generation: r.generation, Floor: r.floor}
 	r.mu.Unlock()
 	return r.s.produce(ctx, cl, p, records)
+}
+
+// SetFloor gives a copy that was sent no record its floor, which Publish
+// then writes into the pointer, where Reader finds it; see
+// feed.FloorSetter. It sends nothing to the brokers.
+func (r *resync) SetFloor(_ context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	r.mu.Lock()
+	r.floor = floor
+	r.mu.Unlock()
+	return nil
 }
 
 // Publish produces the pointer record naming this copy and waits for its

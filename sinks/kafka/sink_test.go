@@ -288,6 +288,52 @@ func TestStaleGenerationInvisible(t *testing.T) {
 	wantDocs(t, b.reader(t, base), map[string]string{"b": `"b2"`, "c": `"c2"`})
 }
 
+// TestEmptyCopyFloorInvisible: a copy that was sent no record is given its
+// floor by SetFloor; Publish writes it in the pointer, so a stale record
+// that lands in the empty copy all the same is left out by Reader too.
+func TestEmptyCopyFloorInvisible(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	base := b.topic(t)
+	opts := b.testOptions(base, &link{})
+	s := open(t, opts)
+	ctx := t.Context()
+	if rej, err := s.Apply(ctx, []feed.Record{rec("a", 1, `"a1"`)}); err != nil || len(rej) != 0 {
+		t.Fatalf("Apply: %v, %v", rej, err)
+	}
+	r, err := s.OpenResync(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.(feed.FloorSetter).SetFloor(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	live := s.Topic()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	late := &kgo.Record{Topic: live, Key: []byte("e"), Value: []byte(`"e stale"`), Headers: []kgo.RecordHeader{
+		{Key: HeaderFeed, Value: []byte("orders")}, {Key: HeaderSeq, Value: []byte("7")}}}
+	if err := cl.ProduceSync(ctx, late).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := b.reader(t, base).Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Floor != 10 || snap.Topic != live {
+		t.Errorf("Read: floor %d of %s; want 10, of %s", snap.Floor, snap.Topic, live)
+	}
+	if len(snap.Docs) != 0 {
+		t.Errorf("through Reader after a stale record in the empty copy: %s; want nothing", snap.Docs)
+	}
+}
+
 // rawRecords consumes topic from the start to its end, as a plain consumer
 // would.
 func rawRecords(t *testing.T, b *broker, topic string) []*kgo.Record {

@@ -61,7 +61,8 @@
 // made a 500-row upsert about a third slower on MariaDB 10.11; a constraint
 // costs the usual path nothing. CREATE TABLE … LIKE copies the live table's
 // floor constraint to the next shadow, which replaces it with its own at
-// its first batch. A resync sent no record has no floor.
+// its first batch, or when the worker calls SetFloor (feed.FloorSetter) on
+// a resync sent no record.
 //
 // Publish: atomic. OpenResync creates a shadow table LIKE the live one (with
 // its columns, indexes and constraints, but not its triggers) under a name of

@@ -591,22 +591,34 @@ func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 		return nil, errors.New("mysql: Apply on a resync that was published or aborted")
 	}
 	if !r.floored && len(records) > 0 {
-		if err := r.setFloor(ctx, records); err != nil {
+		floor := records[0].Seq
+		for _, rec := range records {
+			floor = min(floor, rec.Seq)
+		}
+		if err := r.recordFloor(ctx, floor); err != nil {
 			return nil, err
 		}
 	}
 	return r.s.apply(ctx, r.shadow, records)
 }
 
-// setFloor gives the shadow its floor, the lowest seq of its first batch,
-// before any row is written, in place of the live table's, which CREATE
-// TABLE … LIKE copied (a lower one, or none). The shadow is still empty, so
-// adding the constraint checks no row.
-func (r *resync) setFloor(ctx context.Context, records []feed.Record) error {
-	floor := records[0].Seq
-	for _, rec := range records {
-		floor = min(floor, rec.Seq)
+// SetFloor gives a shadow that was sent no record its floor, the same
+// constraint a first batch gives it; see feed.FloorSetter.
+func (r *resync) SetFloor(ctx context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
 	}
+	if r.done {
+		return errors.New("mysql: SetFloor on a resync that was published or aborted")
+	}
+	return r.recordFloor(ctx, floor)
+}
+
+// recordFloor gives the shadow its floor (the lowest seq of its first
+// batch, or SetFloor's) before any row is written, in place of the live
+// table's, which CREATE TABLE … LIKE copied (a lower one, or none). The
+// shadow is still empty, so adding the constraint checks no row.
+func (r *resync) recordFloor(ctx context.Context, floor feed.Seq) error {
 	rows, err := r.s.db.QueryContext(ctx, `SELECT CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND CONSTRAINT_TYPE = 'CHECK' AND CONSTRAINT_NAME LIKE ?`, r.shadow, `kairos\_floor\_%`)
 	if err != nil {

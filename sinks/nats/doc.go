@@ -91,8 +91,9 @@
 // copy is live and every process reads it with the pointer, in the read
 // each Apply already makes: a stale worker in another process is held to
 // it as well. The pointer's value stays the bucket's name alone, so KV
-// clients read it as before. A resync that was sent nothing publishes no
-// floor (feed.Sink's doc says what that leaves).
+// clients read it as before. A resync that was sent nothing is given its
+// floor by the worker through SetFloor (feed.FloorSetter), kept and
+// published the same way.
 //
 // Retries: every message has Nats-Msg-Id <seq>-<hash of feed and key>, so a
 // retry of a publish the server stored but whose ack was lost is dropped by

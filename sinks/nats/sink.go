@@ -604,7 +604,7 @@ type resync struct {
 	ptrRev uint64 // the pointer's revision when the resync opened
 	old    string // the live copy then
 	// floor is the copy's floor, set by the first Apply that is sent
-	// records; Publish writes it on the pointer. Only this value ever
+	// records, or by SetFloor; Publish writes it on the pointer. Only this value ever
 	// writes to its copy before then (see # Guarantees in the package
 	// doc), so it is kept here until the publish.
 	mu    sync.Mutex
@@ -622,6 +622,19 @@ func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	floor := r.floor
 	r.mu.Unlock()
 	return r.s.apply(ctx, r.c, floor, records)
+}
+
+// SetFloor gives a copy that was sent no record its floor, which Publish
+// then writes on the pointer; see feed.FloorSetter. It sends nothing to the
+// server.
+func (r *resync) SetFloor(_ context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	r.mu.Lock()
+	r.floor = floor
+	r.mu.Unlock()
+	return nil
 }
 
 // Publish points the pointer at this copy, with the copy's floor in the

@@ -31,7 +31,8 @@
 // cleanup, and keyed by table oid it could hand a dropped table's floor to a
 // new one. Any other comment reads as no floor: an operator's comment on the
 // live table replaces its floor until the next resync. A resync sent no
-// record has no floor, as feed.Sink's doc says.
+// record is given its floor by the worker through Resync.SetFloor
+// (feed.FloorSetter), recorded in the same comment.
 //
 // # Tombstones stay as rows
 //

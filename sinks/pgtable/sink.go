@@ -428,7 +428,10 @@ type Resync struct {
 	done    bool
 }
 
-var _ feed.ResyncTarget = (*Resync)(nil)
+var (
+	_ feed.ResyncTarget = (*Resync)(nil)
+	_ feed.FloorSetter  = (*Resync)(nil)
+)
 
 // Table returns the shadow table's schema-qualified, quoted name: where an
 // operator looks at a resync in progress, or a test attaches a trigger.
@@ -447,12 +450,33 @@ func (r *Resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 		for _, rec := range records {
 			floor = min(floor, rec.Seq)
 		}
-		if _, err := r.s.db.Exec(ctx, "COMMENT ON TABLE "+r.table+" IS '"+floorComment+strconv.FormatInt(int64(floor), 10)+"'"); err != nil {
-			return nil, fmt.Errorf("pgtable: recording the floor of the resync of %s: %w", r.s.table, err)
+		if err := r.recordFloor(ctx, floor); err != nil {
+			return nil, err
 		}
-		r.floored = true
 	}
 	return r.s.apply(ctx, r.table, r.sql, records)
+}
+
+// SetFloor records floor as the shadow's, for a copy that was sent no
+// record; see feed.FloorSetter. Like a first batch's, it is the shadow's
+// table comment, so the rename carries it onto the live table.
+func (r *Resync) SetFloor(ctx context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	if r.done {
+		return fmt.Errorf("pgtable: resync of %s: SetFloor after Publish or Abort", r.s.table)
+	}
+	return r.recordFloor(ctx, floor)
+}
+
+// recordFloor writes floor as the shadow's table comment.
+func (r *Resync) recordFloor(ctx context.Context, floor feed.Seq) error {
+	if _, err := r.s.db.Exec(ctx, "COMMENT ON TABLE "+r.table+" IS '"+floorComment+strconv.FormatInt(int64(floor), 10)+"'"); err != nil {
+		return fmt.Errorf("pgtable: recording the floor of the resync of %s: %w", r.s.table, err)
+	}
+	r.floored = true
+	return nil
 }
 
 // Publish renames the live table away and the shadow into its place, and

@@ -85,8 +85,8 @@
 // could reach the floor only from an argument (which the sink would have to
 // read first) or from a copy in every slot (written by every publish); the
 // client already holds it, read with the pointer, at no extra cost. A
-// resync that was sent nothing publishes no floor (feed.Sink's doc says
-// what that leaves).
+// resync that was sent nothing is given its floor by the worker through
+// Resync.SetFloor (feed.FloorSetter), kept and published the same way.
 //
 // # Redis Cluster
 //

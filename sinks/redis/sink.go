@@ -413,7 +413,7 @@ type Resync struct {
 	s  *Sink
 	ns string
 	// floor is the namespace's floor, set by the first Apply that is sent
-	// records and fixed from then on; Publish writes it beside the
+	// records, or by SetFloor, and fixed from then on; Publish writes it beside the
 	// pointer. Only this value ever writes to its namespace before the
 	// publish (doc.go, # The floor), so it is kept here until then.
 	mu    sync.Mutex
@@ -449,6 +449,19 @@ func (r *Resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 		return nil, &sinkError{op: "applying a resync batch", kind: ErrSuperseded, err: errors.New("namespace " + r.ns + " is retired")}
 	}
 	return rej, nil
+}
+
+// SetFloor gives a namespace that was sent no record its floor, which
+// Publish then writes beside the pointer; see feed.FloorSetter. It sends
+// nothing to the server.
+func (r *Resync) SetFloor(_ context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	r.mu.Lock()
+	r.floor = floor
+	r.mu.Unlock()
+	return nil
 }
 
 // Publish switches the pointer to the resync's namespace in one script,

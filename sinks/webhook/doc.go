@@ -9,7 +9,8 @@
 //	{"type":"apply","feed":"orders","sink":"hook","generation":3,
 //	 "records":[{"key":"k1","seq":41,"doc":{…}},{"key":"k2","seq":42,"deleted":true}]}
 //
-// whose records are in seq order, a document or "deleted":true each. The
+// whose records are in seq order, a document or "deleted":true each. A
+// resync.publish may also carry "floor" (see # Guarantees). The
 // types are TypeApply (Sink.Apply), and for a resync TypeResyncBegin
 // (OpenResync, with the generation), TypeResyncApply (the copy's records),
 // TypeResyncPublish and TypeResyncAbort. Every resync delivery carries a
@@ -100,8 +101,14 @@
 //     rebuild removed. A receiver that records, with each copy, the lowest
 //     seq of the first resync.apply with records it took for it, and
 //     ignores any record below that floor, on the copy and, after
-//     resync.publish, on the live copy, keeps feed.Sink's floor. The sink's
-//     tests hold their receiver to it too.
+//     resync.publish, on the live copy, keeps feed.Sink's floor. A copy
+//     that was sent no record (its generation's feed was empty) has no
+//     first batch: its resync.publish then carries "floor":F, the floor the
+//     worker gave it (feed.FloorSetter), which the receiver makes the
+//     copy's when it has none; the sink sends no record below it to that
+//     copy. A receiver that ignores the field works as before, without a
+//     floor for such a copy. The sink's tests hold their receiver to it
+//     too.
 //   - Publish: atomic where the receiver swaps its copy on resync.publish;
 //     the sink only delivers the signal.
 //   - At least once: a delivery may arrive more than once (a retry, a lease

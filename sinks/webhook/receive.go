@@ -74,6 +74,11 @@ type Delivery struct {
 	// Resync identifies one resync: every resync delivery of it carries it,
 	// and a new OpenResync, even for the same generation, has a new one.
 	Resync string
+	// Floor, on a resync.publish, is the floor the worker gave a copy that
+	// was sent no record (feed.FloorSetter); 0 otherwise. A receiver that
+	// keeps the floor makes it the copy's when the copy has none (see
+	// # Guarantees in the package doc).
+	Floor feed.Seq
 	// Records are the records, in seq order; a nil Doc is a deletion.
 	Records []feed.Record
 }
@@ -85,6 +90,7 @@ type wire struct {
 	Sink       feed.SinkName   `json:"sink"`
 	Generation feed.Generation `json:"generation"`
 	Resync     string          `json:"resync"`
+	Floor      feed.Seq        `json:"floor"`
 	Records    []struct {
 		Key     feed.Key        `json:"key"`
 		Seq     feed.Seq        `json:"seq"`
@@ -99,7 +105,7 @@ func Decode(id string, body []byte) (Delivery, error) {
 	if err := json.Unmarshal(body, &w); err != nil {
 		return Delivery{}, fmt.Errorf("webhook: the delivery is not JSON of the delivery format: %w", err)
 	}
-	d := Delivery{ID: id, Type: w.Type, Feed: w.Feed, Sink: w.Sink, Generation: w.Generation, Resync: w.Resync, Records: make([]feed.Record, len(w.Records))}
+	d := Delivery{ID: id, Type: w.Type, Feed: w.Feed, Sink: w.Sink, Generation: w.Generation, Resync: w.Resync, Floor: w.Floor, Records: make([]feed.Record, len(w.Records))}
 	for i, r := range w.Records {
 		d.Records[i] = feed.Record{Key: r.Key, Seq: r.Seq}
 		if !r.Deleted {

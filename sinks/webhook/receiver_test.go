@@ -63,7 +63,7 @@ type receiver struct {
 // shadow is a resync's copy, filled aside until its resync.publish.
 type shadow struct {
 	m     map[feed.Key]entry
-	floor feed.Seq // the lowest seq of its first resync.apply with records
+	floor feed.Seq // the lowest seq of its first resync.apply with records, or resync.publish's floor
 }
 
 func newReceiver(t *testing.T) *receiver {
@@ -135,6 +135,9 @@ func (rc *receiver) receive(_ context.Context, d webhook.Delivery) ([]webhook.Re
 		sh, ok := rc.shadows[d.Resync]
 		if !ok {
 			return nil, fmt.Errorf("no resync %s open", d.Resync)
+		}
+		if sh.floor == 0 {
+			sh.floor = d.Floor // a copy sent no record: the worker's floor
 		}
 		rc.live, rc.floor, rc.gen = sh.m, sh.floor, d.Generation
 		delete(rc.shadows, d.Resync)

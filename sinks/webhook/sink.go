@@ -198,6 +198,10 @@ type resync struct {
 	env  envelope
 	mu   sync.Mutex
 	done bool
+	// floor is SetFloor's, 0 when it was not called: records below it are
+	// not sent (only this target writes to its resync id's copy), and
+	// resync.publish carries it to the receiver.
+	floor feed.Seq
 }
 
 var errTargetClosed = errors.New("webhook: the resync target was already published or aborted")
@@ -208,7 +212,32 @@ func (r *resync) Apply(ctx context.Context, records []feed.Record) ([]feed.Rejec
 	if r.done {
 		return nil, errTargetClosed
 	}
+	if r.floor > 0 {
+		var keep []feed.Record
+		for _, rec := range records {
+			if rec.Seq >= r.floor {
+				keep = append(keep, rec)
+			}
+		}
+		records = keep
+	}
 	return r.s.deliverRecords(ctx, r.env, records)
+}
+
+// SetFloor gives a copy that was sent no record its floor (feed.FloorSetter):
+// the resync.publish delivery carries it as "floor", for the receiver to keep
+// with the copy it publishes. Nothing is delivered until then.
+func (r *resync) SetFloor(_ context.Context, floor feed.Seq) error {
+	if floor < 1 {
+		return feed.Invalid("floor", "is %d; seqs start at 1", floor)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done {
+		return errTargetClosed
+	}
+	r.floor = floor
+	return nil
 }
 
 func (r *resync) Publish(ctx context.Context) error {
@@ -230,6 +259,9 @@ func (r *resync) end(ctx context.Context, typ string) error {
 	}
 	env := r.env
 	env.Type = typ
+	if typ == TypeResyncPublish {
+		env.Floor = r.floor
+	}
 	if _, err := r.s.deliver(ctx, env, r.s.header(env), nil); err != nil {
 		return err
 	}
@@ -245,6 +277,7 @@ type envelope struct {
 	Type       string
 	Generation feed.Generation
 	Resync     string
+	Floor      feed.Seq // resync.publish's, when SetFloor gave one
 }
 
 // deliverRecords splits records into deliveries that each stay under the
@@ -421,6 +454,10 @@ func (s *Sink) header(env envelope) []byte {
 	}
 	if env.Resync != "" {
 		b = append(b, `,"resync":"`+env.Resync+`"`...)
+	}
+	if env.Floor > 0 {
+		b = append(b, `,"floor":`...)
+		b = strconv.AppendInt(b, int64(env.Floor), 10)
 	}
 	return append(b, `,"records":[`...)
 }

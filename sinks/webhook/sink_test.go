@@ -249,6 +249,53 @@ func TestDeliveryIDs(t *testing.T) {
 	}
 }
 
+// TestPublishCarriesFloor: SetFloor's floor goes to the receiver on the
+// resync.publish delivery, as "floor", and the target sends no record below
+// it; a resync not given one publishes with no "floor" field at all, as
+// before, so a receiver that predates the field sees the same bodies.
+func TestPublishCarriesFloor(t *testing.T) {
+	rc := newReceiver(t)
+	_, url := rc.serve(t)
+	s := newSink(t, opts(url))
+	ctx := t.Context()
+	rt, err := s.OpenResync(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.(feed.FloorSetter).SetFloor(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Apply(ctx, []feed.Record{rec("a", 5, `1`), rec("b", 8, `2`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rt, err = s.OpenResync(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.bodies) != 5 {
+		t.Fatalf("%d deliveries, want 5 (begin, apply, publish, begin, publish)", len(rc.bodies))
+	}
+	d, err := webhook.Decode("", rc.bodies[1])
+	if err != nil || len(d.Records) != 1 || d.Records[0].Seq != 8 {
+		t.Errorf("the resync.apply after SetFloor(7): %+v, %v; want seq 8 alone", d.Records, err)
+	}
+	d, err = webhook.Decode("", rc.bodies[2])
+	if err != nil || d.Type != webhook.TypeResyncPublish || d.Floor != 7 {
+		t.Errorf("the resync.publish after SetFloor(7): %s (%+v, %v); want floor 7", rc.bodies[2], d, err)
+	}
+	if b := string(rc.bodies[4]); strings.Contains(b, `"floor"`) {
+		t.Errorf("the resync.publish of a resync given no floor: %s; want no floor field", b)
+	}
+}
+
 // TestAnswers: other 4xx park the delivery's records with the status and a
 // bounded, one-line excerpt; 429 is an error saying how long to wait; the
 // statuses that speak of the endpoint (401, 403, 404, 405, 407, 410, 421),
