@@ -136,6 +136,13 @@ func TestEndToEnd(t *testing.T) {
 	for range 40 {
 		round()
 	}
+	// The first resync publishes before the rebuild, so the rebuild's is a
+	// second one: on a loaded machine the rebuild could otherwise land while
+	// the first still fills, which then restarts in the new generation and
+	// counts once.
+	if _, err := runner.WaitCaughtUp(ctx); err != nil {
+		t.Fatalf("WaitCaughtUp before the rebuild: %v", err)
+	}
 	// A rebuild: the feed moves to a new generation, emptied, and the
 	// application writes its live documents again.
 	if err := pgx.BeginFunc(ctx, fpool, func(tx pgx.Tx) error { _, err := store.ResetTx(ctx, tx, f); return err }); err != nil {

@@ -104,6 +104,11 @@ func TestEndToEnd(t *testing.T) {
 	for range 40 {
 		round()
 	}
+	// The first resync publishes before the rebuild, so the rebuild's is a
+	// second one (a rebuild landing mid-fill restarts it and counts once).
+	if _, err := runner.WaitCaughtUp(ctx); err != nil {
+		t.Fatalf("WaitCaughtUp before the rebuild: %v", err)
+	}
 	if err := pgx.BeginFunc(ctx, fpool, func(tx pgx.Tx) error { _, err := store.ResetTx(ctx, tx, f); return err }); err != nil {
 		t.Fatalf("ResetTx: %v", err)
 	}
