@@ -15,8 +15,9 @@ import (
 // Defaults of BackfillOptions.
 const (
 	// DefaultBackfillBatch is how many rows one backfill batch copies. A
-	// batch holds the feed lock while it reads and writes, so captured
-	// writers of the table wait at most one batch (5000 rows took 0.1–0.3 s
+	// batch holds the feed lock while it reads and writes (in the
+	// concurrent mode, the locks of its rows), so captured writers of the
+	// table (of those rows) wait at most one batch (5000 rows took 0.1–0.3 s
 	// on the 2-core machine of BENCHMARKS.md); smaller batches wait less
 	// and copy slower, since each costs a commit and four round trips
 	// (1000-row batches copied about a quarter fewer rows a second).
@@ -37,7 +38,8 @@ type BackfillOptions struct {
 	// NewGeneration copies the table into a new generation of the feed
 	// instead of in place: every sink fills a fresh copy and publishes it,
 	// and keys no longer in the table are gone from every sink. The whole
-	// copy is then one transaction holding the feed lock, so captured
+	// copy is then one transaction holding the feed lock (in the
+	// concurrent mode, the feed's write lock exclusive), so captured
 	// writers wait for it, and it is not resumable: a crash rolls it back
 	// and leaves the feed as it was. Defaults to false: in place, batch by
 	// batch, resumable.
@@ -98,9 +100,9 @@ type backfillSQL struct {
 	// without a lock (and so its position), then read those rows again FOR
 	// SHARE and copy what that read returns, the newest committed version
 	// of each (see the package doc's # Backfill). The position comes from
-	// the first read: a row whose key a writer changed meanwhile is
-	// returned by a locking read with its new key, which may lie past rows
-	// the batch never read.
+	// the first read: one locking read that also picked the rows would
+	// return a row whose key a writer changed meanwhile with its new key,
+	// which may lie past rows the batch never read.
 	firstShared, nextShared string
 }
 
