@@ -136,9 +136,45 @@ func backfillTakesTheLockBeforeItReads(t *testing.T, mode feed.WriteMode) {
 	e.same(t, "backfill after a waiting writer", "t", e.want(t, table))
 }
 
-// TestBackfillRacingWriters: writers update, delete and insert rows all over
-// the table (before, at and after the backfill's position) while it runs in
-// small batches; the feed ends equal to the table, row for row. In the
+// TestBackfillKeyMovedWhileItWaits: a writer has moved row 5 to key 100005
+// and holds its transaction open; a backfill of batches of 10 over rows
+// 1..20 waits for it (for the row, in the concurrent mode; for the feed
+// lock, in the locked one), then the writer commits. Rows 11..20 must still
+// be copied: a batch that took its position from a locking read would get
+// row 5 back with its new key, 100005, as the batch's last, and the next
+// batch would start past rows 11..20.
+func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
+	inBothModes(t, func(t *testing.T, mode feed.WriteMode) {
+		e, table := backfillEnvIn(t, 20, mode)
+		ctx := t.Context()
+		tx, err := e.d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		if _, err := tx.Exec(ctx, `UPDATE `+e.q("t")+` SET id = 100005 WHERE id = 5`); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 10, Progress: func(pgfeed.BackfillProgress) {}})
+			done <- err
+		}()
+		e.waitBlocked(t)
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Backfill: %v", err)
+		}
+		e.same(t, "backfill after a key moved", "t", e.want(t, table))
+	})
+}
+
+// TestBackfillRacingWriters: writers update, delete, insert and move (change
+// the key of) rows all over the table (before, at and after the backfill's
+// position) while it runs in small batches; the feed ends equal to the
+// table, row for row. In the
 // concurrent mode a sealer runs all along, so a key's copy and its writers'
 // writes are sealed in every interleaving.
 func TestBackfillRacingWriters(t *testing.T) {
@@ -172,7 +208,10 @@ func backfillRacingWriters(t *testing.T, mode feed.WriteMode) {
 				}
 				id := 1 + rnd.IntN(rows+200)
 				var err error
-				switch rnd.IntN(4) {
+				switch rnd.IntN(5) {
+				case 4:
+					// A key change, to a range no other write touches.
+					_, err = e.d.pool.Exec(ctx, `UPDATE `+e.q("t")+` SET id = id + 100000, v = v || '>' WHERE id = $1`, id)
 				case 0:
 					_, err = e.d.pool.Exec(ctx, `DELETE FROM `+e.q("t")+` WHERE id = $1`, id)
 				case 1:
