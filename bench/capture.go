@@ -29,6 +29,10 @@ import (
 //     for WritersFor each, one after the other; commits per second. The
 //     trigger writes in the feed's locked mode, so the captured writers
 //     serialise on the feed lock from their write to their commit.
+//   - K writers concurrent: the same, the captured table's feed in the
+//     concurrent write mode with its sealer running beside the writers (so
+//     the figure pays for sealing too); the baseline is measured again in
+//     the same way, right beside it.
 //   - K backfill: an in-place Backfill of a BackfillRows-row table, against
 //     a raw keyset scan of the same table that reads each row's key and
 //     to_jsonb document to the client in batches of the same size; rows per
@@ -40,7 +44,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	var upd, updBase, updFloor, wr, wrBase, bf, bfBase []float64
+	var upd, updBase, updFloor, wr, wrBase, wc, wcBase, bf, bfBase []float64
 	for r := range sz.Runs {
 		if err := func() error {
 			s, err := e.newSchema(ctx, admin)
@@ -58,11 +62,16 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 				return err
 			}
 			upd, updBase, updFloor = append(upd, a), append(updBase, b), append(updFloor, c)
-			a, b, err = e.captureWriters(ctx, admin, s, st, r)
+			a, b, err = e.captureWriters(ctx, admin, s, st, r, feed.WriteLocked)
 			if err != nil {
 				return err
 			}
 			wr, wrBase = append(wr, a), append(wrBase, b)
+			a, b, err = e.captureWriters(ctx, admin, s, st, r, feed.WriteConcurrent)
+			if err != nil {
+				return err
+			}
+			wc, wcBase = append(wc, a), append(wcBase, b)
 			a, b, err = e.captureBackfill(ctx, admin, s, st, r)
 			if err != nil {
 				return err
@@ -80,6 +89,8 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 			"ms", upd, updFloor, "figure/baseline", div, "", nil),
 		newRow("K writers", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (locked mode), commit rate; baseline: the same without the trigger", sz.Writers),
 			"commits/s", wr, wrBase, "figure/baseline", div, "", nil),
+		newRow("K writers concurrent", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (concurrent mode, its sealer running), commit rate; baseline: the same without the trigger", sz.Writers),
+			"commits/s", wc, wcBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 		newRow("K backfill", fmt.Sprintf("in-place backfill of a %d-row table, batches of %d; baseline: a raw keyset scan of the table reading each row's key and to_jsonb", sz.BackfillRows, pgfeed.DefaultBackfillBatch),
 			"rows/s", bf, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 	}, nil
@@ -150,11 +161,25 @@ ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`, n
 	return summarize(per[0]).Median, summarize(per[1]).Median, summarize(per[2]).Median, nil
 }
 
-func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (float64, float64, error) {
+func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int, mode feed.WriteMode) (float64, float64, error) {
 	sz := e.sizes
-	capd, raw, err := captureTables(ctx, admin, s, st, "wr", 1)
+	name := "wr"
+	if mode == feed.WriteConcurrent {
+		name = "wrc"
+	}
+	capd, raw, err := captureTables(ctx, admin, s, st, name, 1)
 	if err != nil {
 		return 0, 0, err
+	}
+	if mode == feed.WriteConcurrent {
+		f := feed.FeedName("k_" + name)
+		if err := st.SetWriteMode(ctx, f, mode); err != nil {
+			return 0, 0, err
+		}
+		sealCtx, stop := context.WithCancel(ctx)
+		sealed := make(chan error, 1)
+		go func() { sealed <- st.RunSealer(sealCtx, f) }()
+		defer func() { stop(); <-sealed }()
 	}
 	rate := func(t string) (float64, error) {
 		q := `INSERT INTO ` + t + ` (id, n, name, pad) VALUES ($1::int, 0, $2::text, 'x') ON CONFLICT (id) DO UPDATE SET n = ` + t + `.n + 1`

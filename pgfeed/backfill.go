@@ -15,8 +15,9 @@ import (
 // Defaults of BackfillOptions.
 const (
 	// DefaultBackfillBatch is how many rows one backfill batch copies. A
-	// batch holds the feed lock while it reads and writes, so captured
-	// writers of the table wait at most one batch (5000 rows took 0.1–0.3 s
+	// batch holds the feed lock while it reads and writes (in the
+	// concurrent mode, the locks of its rows), so captured writers of the
+	// table (of those rows) wait at most one batch (5000 rows took 0.1–0.3 s
 	// on the 2-core machine of BENCHMARKS.md); smaller batches wait less
 	// and copy slower, since each costs a commit and four round trips
 	// (1000-row batches copied about a quarter fewer rows a second).
@@ -37,7 +38,8 @@ type BackfillOptions struct {
 	// NewGeneration copies the table into a new generation of the feed
 	// instead of in place: every sink fills a fresh copy and publishes it,
 	// and keys no longer in the table are gone from every sink. The whole
-	// copy is then one transaction holding the feed lock, so captured
+	// copy is then one transaction holding the feed lock (in the
+	// concurrent mode, the feed's write lock exclusive), so captured
 	// writers wait for it, and it is not resumable: a crash rolls it back
 	// and leaves the feed as it was. Defaults to false: in place, batch by
 	// batch, resumable.
@@ -81,36 +83,66 @@ type BackfillResult struct {
 
 // backfillSQL are a backfill's statements for one capture.
 type backfillSQL struct {
+	// share takes the feed's write lock shared (as a concurrent writer
+	// does), so the write mode that mode then reads (with the generation
+	// and head) cannot change until the batch commits: a switch takes the
+	// lock exclusive.
+	share, mode string
 	// lock takes the feed lock (creating the generations row if need be)
-	// and returns the generation.
+	// and returns the generation and head: a locked-mode batch's order.
 	lock string
 	// first and next copy one batch ($1 the feed, $2 the batch size, $3
-	// the channel), from the start or after the position $4, write it, and
-	// record the progress, in one statement.
+	// the channel, $4 the write lock's key), from the start or after the
+	// position $5, write it, and record the progress, in one statement.
 	first, next string
+	// firstShared and nextShared are first and next for an in-place batch
+	// in the concurrent mode: they pick the batch's rows in key order
+	// without a lock (and so its position), then read those rows again FOR
+	// SHARE and copy what that read returns, the newest committed version
+	// of each (see the package doc's # Backfill). The position comes from
+	// the first read: one locking read that also picked the rows would
+	// return a row whose key a writer changed meanwhile with its new key,
+	// which may lie past rows the batch never read.
+	firstShared, nextShared string
 }
 
 func (s *Store) backfillStatements(c *capture) backfillSQL {
 	g := s.names.generations
-	var cols, order, pos, tuple, after []string
+	var cols, order, pos, tuple, afterCols []string
 	for i, k := range c.key {
 		q := "r." + quoteIdent(k.name)
 		cols = append(cols, fmt.Sprintf("%s AS o%d", q, i+1))
 		order = append(order, fmt.Sprintf("b.o%d", i+1))
 		pos = append(pos, fmt.Sprintf("(b.o%d)::text", i+1))
 		tuple = append(tuple, q)
-		after = append(after, fmt.Sprintf("($4::text[])[%d]::%s", i+1, k.typ))
+		afterCols = append(afterCols, fmt.Sprintf("($5::text[])[%d]::%s", i+1, k.typ))
 	}
-	batch := func(where string) string {
-		return `WITH b AS MATERIALIZED (
+	after := "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > (" + strings.Join(afterCols, ", ") + ")"
+	var pick []string
+	for i := range c.key {
+		pick = append(pick, fmt.Sprintf("p.o%d", i+1))
+	}
+	batch := func(where string, share bool) string {
+		read := `b AS MATERIALIZED (
 	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
 	FROM ` + c.table + ` AS r` + where + `
 	ORDER BY ` + strings.Join(tuple, ", ") + `
 	LIMIT $2::bigint
-), n AS (
+)`
+		copied := "b"
+		if share {
+			read += `, l AS MATERIALIZED (
+	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc
+	FROM ` + c.table + ` AS r
+	WHERE (` + strings.Join(tuple, ", ") + `) IN (SELECT ` + strings.Join(pick, ", ") + ` FROM b AS p)
+	FOR SHARE OF r
+)`
+			copied = "l"
+		}
+		return `WITH ` + read + `, n AS (
 	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
 ), w AS (
-	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text) AS head FROM b
+	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text, $4::bigint) AS head FROM ` + copied + ` AS b
 ), p AS (
 	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
 		updated_at = clock_timestamp(), finished_at = CASE WHEN n.rows < $2::bigint THEN clock_timestamp() END
@@ -123,8 +155,12 @@ SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
 		lock: `INSERT INTO ` + g + ` AS g (feed) VALUES ($1::text)
 ON CONFLICT (feed) DO UPDATE SET head = g.head
 RETURNING g.generation, g.head`,
-		first: batch(""),
-		next:  batch("\n\tWHERE (" + strings.Join(tuple, ", ") + ") > (" + strings.Join(after, ", ") + ")"),
+		share:       `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
+		mode:        `SELECT coalesce(max(write_mode), 'locked'), coalesce(max(generation), 1), coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
+		first:       batch("", false),
+		next:        batch(after, false),
+		firstShared: batch("", true),
+		nextShared:  batch(after, true),
 	}
 }
 
@@ -190,12 +226,20 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		}
 		progress(p)
 	}
-	// batch runs one batch in tx, which holds the feed lock, and says
-	// whether the table is copied.
-	batch := func(tx pgx.Tx) (bool, error) {
-		q, args := st.first, []any{f, int64(opts.BatchSize), s.names.channel}
+	// batch runs one batch in tx and says whether the table is copied; tx
+	// holds the feed lock, or, when shared, the feed's write lock shared
+	// in the concurrent mode.
+	key := s.writeKey(opts.Feed)
+	batch := func(tx pgx.Tx, shared bool) (bool, error) {
+		q, args := st.first, []any{f, int64(opts.BatchSize), s.names.channel, key}
+		if shared {
+			q = st.firstShared
+		}
 		if position != nil {
 			q, args = st.next, append(args, position)
+			if shared {
+				q = st.nextShared
+			}
 		}
 		var n int64
 		var head, rows *int64
@@ -237,7 +281,7 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 	if opts.NewGeneration {
 		err := readCommitted(func(tx pgx.Tx) error {
 			var gen int64
-			if err := tx.QueryRow(ctx, `SELECT `+s.names.table("reset")+`($1::text, $2::text)`, f, s.names.channel).Scan(&gen); err != nil {
+			if err := tx.QueryRow(ctx, `SELECT `+s.names.table("reset")+`($1::text, $2::text, $3::bigint)`, f, s.names.channel, key).Scan(&gen); err != nil {
 				return fail("moving to a new generation", err)
 			}
 			res.Generation = feed.Generation(gen)
@@ -246,8 +290,13 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 	started_at = clock_timestamp(), updated_at = clock_timestamp(), finished_at = NULL`, f, c.version); err != nil {
 				return fail("recording the backfill", err)
 			}
+			// The reset holds the write lock exclusive to the commit, so
+			// every captured writer's feed write lands after the copy, in
+			// either mode; no row is read FOR SHARE (a writer that changed
+			// a row and waits for the lock in its trigger would deadlock
+			// with a read that waits for its row).
 			for {
-				done, err := batch(tx)
+				done, err := batch(tx, false)
 				if err != nil {
 					return err
 				}
@@ -292,16 +341,29 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 	for {
 		var done bool
 		err := readCommitted(func(tx pgx.Tx) error {
-			// The lock first, in a statement of its own: the batch's read
-			// then takes its snapshot after every captured writer before it
-			// has committed, and those after it wait for this commit.
+			// The write lock shared, then the mode, which it holds still.
+			// In the locked mode, the feed lock next, in a statement of
+			// its own: the batch's read then takes its snapshot after every
+			// captured writer before it has committed, and those after it
+			// wait for this commit. In the concurrent mode the batch reads
+			// its rows FOR SHARE instead (see the package doc's # Backfill).
+			if _, err := tx.Exec(ctx, st.share, key); err != nil {
+				return fail("taking the write lock", err)
+			}
+			var mode string
 			var gen, head int64
-			if err := tx.QueryRow(ctx, st.lock, f).Scan(&gen, &head); err != nil {
-				return fail("taking the feed lock", err)
+			if err := tx.QueryRow(ctx, st.mode, f).Scan(&mode, &gen, &head); err != nil {
+				return fail("reading the write mode", err)
+			}
+			shared := feed.WriteMode(mode) == feed.WriteConcurrent
+			if !shared {
+				if err := tx.QueryRow(ctx, st.lock, f).Scan(&gen, &head); err != nil {
+					return fail("taking the feed lock", err)
+				}
 			}
 			res.Generation, res.Head = feed.Generation(gen), feed.Seq(head)
 			var err error
-			done, err = batch(tx)
+			done, err = batch(tx, shared)
 			return err
 		})
 		if err != nil {

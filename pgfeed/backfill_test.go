@@ -21,12 +21,31 @@ import (
 // 1..n written before the capture, so the feed starts empty.
 func backfillEnv(t *testing.T, n int) (capEnv, string) {
 	t.Helper()
+	return backfillEnvIn(t, n, feed.WriteLocked)
+}
+
+// backfillEnvIn is backfillEnv with feed t in the given write mode.
+func backfillEnvIn(t *testing.T, n int, mode feed.WriteMode) (capEnv, string) {
+	t.Helper()
 	e := newCapEnv(t, `CREATE TABLE %[1]s.t (id int PRIMARY KEY, v text NOT NULL)`)
+	e.concurrent = mode == feed.WriteConcurrent
 	e.exec(t, fmt.Sprintf(`INSERT INTO %s SELECT i, 'v' || i FROM generate_series(1, %d) AS i`, e.q("t"), n))
 	if _, err := e.s.Capture(t.Context(), pgfeed.CaptureSpec{Feed: "t", Schema: e.d.schema, Table: "t"}); err != nil {
 		t.Fatal(err)
 	}
+	e.inMode(t, "t")
 	return e, `SELECT id::text, to_jsonb(r)::text FROM ` + e.q("t") + ` AS r`
+}
+
+// inBothModes runs test once per write mode, as parallel subtests.
+func inBothModes(t *testing.T, test func(t *testing.T, mode feed.WriteMode)) {
+	t.Parallel()
+	for _, mode := range writeModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			test(t, mode)
+		})
+	}
 }
 
 // waitBlocked waits until a backend running a statement on the test's
@@ -53,8 +72,9 @@ func (e capEnv) waitBlocked(t *testing.T) int32 {
 }
 
 // holdFeedLock opens a transaction that updates row id of t, so its trigger
-// takes the feed lock and holds it until the returned function commits (or,
-// given false, rolls back).
+// takes the feed lock (in the concurrent mode: the write lock shared and
+// the key's feed row) and holds it, and the table row's lock, until the
+// returned function commits (or, given false, rolls back).
 func (e capEnv) holdFeedLock(t *testing.T, id int, v string) func(commit bool) {
 	t.Helper()
 	ctx := t.Context()
@@ -85,10 +105,17 @@ func (e capEnv) holdFeedLock(t *testing.T, id int, v string) func(commit bool) {
 // and holds the feed lock; the backfill starts and waits for the lock; the
 // writer commits. The backfill must copy row 5 as the writer left it. A
 // backfill that read the table before it held the lock copies the old row
-// at a seq above the writer's, and the feed keeps the stale document.
+// at a seq above the writer's, and the feed keeps the stale document. In
+// the concurrent mode the backfill waits for the row itself (FOR SHARE);
+// one that copied the row as its snapshot had it would wait for the feed
+// row instead and then overwrite the writer's unsealed document with the
+// old one.
 func TestBackfillTakesTheLockBeforeItReads(t *testing.T) {
-	t.Parallel()
-	e, table := backfillEnv(t, 10)
+	inBothModes(t, backfillTakesTheLockBeforeItReads)
+}
+
+func backfillTakesTheLockBeforeItReads(t *testing.T, mode feed.WriteMode) {
+	e, table := backfillEnvIn(t, 10, mode)
 	ctx := t.Context()
 	release := e.holdFeedLock(t, 5, "written while the backfill waited")
 	type result struct {
@@ -109,14 +136,61 @@ func TestBackfillTakesTheLockBeforeItReads(t *testing.T) {
 	e.same(t, "backfill after a waiting writer", "t", e.want(t, table))
 }
 
-// TestBackfillRacingWriters: writers update, delete and insert rows all over
-// the table (before, at and after the backfill's position) while it runs in
-// small batches; the feed ends equal to the table, row for row.
+// TestBackfillKeyMovedWhileItWaits: a writer has moved row 5 to key 100005
+// and holds its transaction open; a backfill of batches of 10 over rows
+// 1..20 waits for it (for the row, in the concurrent mode; for the feed
+// lock, in the locked one), then the writer commits. Rows 11..20 must still
+// be copied: a batch that took its position from a locking read would get
+// row 5 back with its new key, 100005, as the batch's last, and the next
+// batch would start past rows 11..20.
+func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
+	inBothModes(t, func(t *testing.T, mode feed.WriteMode) {
+		e, table := backfillEnvIn(t, 20, mode)
+		ctx := t.Context()
+		tx, err := e.d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		if _, err := tx.Exec(ctx, `UPDATE `+e.q("t")+` SET id = 100005 WHERE id = 5`); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 10, Progress: func(pgfeed.BackfillProgress) {}})
+			done <- err
+		}()
+		e.waitBlocked(t)
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Backfill: %v", err)
+		}
+		e.same(t, "backfill after a key moved", "t", e.want(t, table))
+	})
+}
+
+// TestBackfillRacingWriters: writers update, delete, insert and move (change
+// the key of) rows all over the table (before, at and after the backfill's
+// position) while it runs in small batches; the feed ends equal to the
+// table, row for row. In the
+// concurrent mode a sealer runs all along, so a key's copy and its writers'
+// writes are sealed in every interleaving.
 func TestBackfillRacingWriters(t *testing.T) {
-	t.Parallel()
+	inBothModes(t, backfillRacingWriters)
+}
+
+func backfillRacingWriters(t *testing.T, mode feed.WriteMode) {
 	const rows = 3000
-	e, table := backfillEnv(t, rows)
+	e, table := backfillEnvIn(t, rows, mode)
 	ctx := t.Context()
+	if e.concurrent {
+		sealCtx, stopSealer := context.WithCancel(ctx)
+		sealed := make(chan error, 1)
+		go func() { sealed <- e.s.RunSealer(sealCtx, "t") }()
+		t.Cleanup(func() { stopSealer(); <-sealed })
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var writes atomic.Int64
@@ -134,7 +208,10 @@ func TestBackfillRacingWriters(t *testing.T) {
 				}
 				id := 1 + rnd.IntN(rows+200)
 				var err error
-				switch rnd.IntN(4) {
+				switch rnd.IntN(5) {
+				case 4:
+					// A key change, to a range no other write touches.
+					_, err = e.d.pool.Exec(ctx, `UPDATE `+e.q("t")+` SET id = id + 100000, v = v || '>' WHERE id = $1`, id)
 				case 0:
 					_, err = e.d.pool.Exec(ctx, `DELETE FROM `+e.q("t")+` WHERE id = $1`, id)
 				case 1:
@@ -243,8 +320,11 @@ func TestBackfillResumes(t *testing.T) {
 // feed of what the table no longer holds (here a key written by Write
 // directly) and fills it in one transaction; sinks see one new generation.
 func TestBackfillNewGeneration(t *testing.T) {
-	t.Parallel()
-	e, table := backfillEnv(t, 500)
+	inBothModes(t, backfillNewGeneration)
+}
+
+func backfillNewGeneration(t *testing.T, mode feed.WriteMode) {
+	e, table := backfillEnvIn(t, 500, mode)
 	ctx := t.Context()
 	if _, err := e.s.WriteCommitted(ctx, "t", []feed.Change{feed.Put("stray", []byte(`{}`))}); err != nil {
 		t.Fatal(err)

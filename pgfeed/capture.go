@@ -383,14 +383,14 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         SELECT array_agg(%[4]s), array_agg(NULL::jsonb) INTO k, d FROM kairos_old AS r;
     ELSE
-        PERFORM %[6]s(%[8]s, %[9]s);
+        PERFORM %[6]s(%[8]s, %[9]s, %[11]d);
         RETURN NULL;
     END IF;
-    PERFORM %[7]s(%[8]s, k, d, %[9]s);
+    PERFORM %[7]s(%[8]s, k, d, %[9]s, %[11]d);
     RETURN NULL;
 END
 $kairos$;
-`, c.table, c.spec.Feed, c.fn, c.keyExpr, c.docExpr, reset, write, feedLit, chanLit, c.sameKey())
+`, c.table, c.spec.Feed, c.fn, c.keyExpr, c.docExpr, reset, write, feedLit, chanLit, c.sameKey(), s.writeKey(c.spec.Feed))
 	if c.previous != "" {
 		for _, t := range c.triggers {
 			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t), c.previous)
@@ -475,8 +475,9 @@ func (s *Store) captureTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // Capture installs, or brings up to date, the capture of spec.Table into
 // spec.Feed: statement-level AFTER triggers that write, in the writing
 // transaction itself, the feed rows of every INSERT, UPDATE and DELETE of
-// the table (COPY and INSERT … ON CONFLICT included), by Write's rules:
-// under the feed lock, one row per key, in commit order, notified. A
+// the table (COPY and INSERT … ON CONFLICT included), by Write's rules in
+// the feed's write mode, whichever it is now or later: one row per key, in
+// commit order. A
 // TRUNCATE moves the feed to a new generation (see the package doc's
 // # Capture). Everything is checked before anything is installed (an
 // *feed.InvalidError names the spec's field), and the whole install is one
@@ -491,13 +492,6 @@ func (s *Store) Capture(ctx context.Context, spec CaptureSpec) (CaptureInfo, err
 		c, err := s.resolveCapture(ctx, tx, spec)
 		if err != nil {
 			return err
-		}
-		var mode string
-		if err := tx.QueryRow(ctx, s.sql.modeOf, string(c.spec.Feed)).Scan(&mode); err != nil {
-			return feed.Unreadable("reading the write mode of feed "+string(c.spec.Feed), err)
-		}
-		if feed.WriteMode(mode) == feed.WriteConcurrent {
-			return feed.Invalid("spec.feed", "feed %s is in the concurrent write mode; a capture's trigger writes in the locked mode only, so capture into a locked feed (SetWriteMode)", c.spec.Feed)
 		}
 		info = CaptureInfo{Feed: c.spec.Feed, Schema: c.spec.Schema, Table: c.spec.Table, Version: c.version}
 		for _, k := range c.key {

@@ -1,6 +1,7 @@
 package pgfeed_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -25,6 +25,53 @@ import (
 type capEnv struct {
 	d db
 	s *pgfeed.Store
+	// concurrent says the test's feeds are in the concurrent write mode:
+	// feedRows and head seal every unsealed row first, as a sealer would.
+	concurrent bool
+}
+
+// writeModes are the write modes the capture tests run in.
+var writeModes = []feed.WriteMode{feed.WriteLocked, feed.WriteConcurrent}
+
+// inMode puts f in e's write mode.
+func (e capEnv) inMode(t testing.TB, f feed.FeedName) {
+	t.Helper()
+	if !e.concurrent {
+		return
+	}
+	if err := e.s.SetWriteMode(t.Context(), f, feed.WriteConcurrent); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// unsealed counts f's unsealed rows and reads its head, without sealing.
+func (e capEnv) unsealed(t testing.TB, f feed.FeedName) (int64, feed.Seq) {
+	t.Helper()
+	var n, h int64
+	err := e.d.pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM "`+e.d.schema+`".feed_rows WHERE feed = $1 AND pending),
+		coalesce((SELECT head FROM "`+e.d.schema+`".feed_generations WHERE feed = $1), 0)`, string(f)).Scan(&n, &h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, feed.Seq(h)
+}
+
+// settle seals f's unsealed rows in the concurrent mode, round after round
+// until one seals nothing.
+func (e capEnv) settle(t testing.TB, f feed.FeedName) {
+	t.Helper()
+	if !e.concurrent {
+		return
+	}
+	for {
+		n, err := e.s.SealRound(t.Context(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
 }
 
 // newCapEnv migrates a fresh schema and runs ddl there, with %[1]s standing
@@ -56,6 +103,7 @@ type feedRow struct {
 // feedRows reads every row of f, by key.
 func (e capEnv) feedRows(t testing.TB, f feed.FeedName) map[string]feedRow {
 	t.Helper()
+	e.settle(t, f)
 	rows, err := e.d.pool.Query(t.Context(), `SELECT key, seq, doc::text FROM "`+e.d.schema+`".feed_rows WHERE feed = $1`, string(f))
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +191,7 @@ func (e capEnv) same(t testing.TB, step string, f feed.FeedName, want map[string
 
 func (e capEnv) head(t testing.TB, f feed.FeedName) (feed.Generation, feed.Seq) {
 	t.Helper()
+	e.settle(t, f)
 	g, err := e.s.Generation(t.Context(), f)
 	if err != nil {
 		t.Fatal(err)
@@ -158,12 +207,26 @@ func (e capEnv) head(t testing.TB, f feed.FeedName) (feed.Generation, feed.Seq) 
 // table and checks after each that the feed's documents are the table's
 // rows, that deleted keys are tombstones, and that each statement was one
 // feed write (its rows at consecutive seqs, the head moved once per
-// statement by the number of keys it touched).
+// statement by the number of keys it touched). It runs in both write
+// modes; in the concurrent one the feed is switched before Capture (items)
+// and after it (shift), and every check seals first, so the head moves by
+// the keys a statement wrote once they are sealed.
 func TestCaptureEveryWrite(t *testing.T) {
 	t.Parallel()
-	e := newCapEnv(t, `CREATE TABLE %[1]s.items (id int PRIMARY KEY, name text NOT NULL, qty int NOT NULL DEFAULT 0)`)
+	for _, mode := range writeModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newCapEnv(t, `CREATE TABLE %[1]s.items (id int PRIMARY KEY, name text NOT NULL, qty int NOT NULL DEFAULT 0)`)
+			e.concurrent = mode == feed.WriteConcurrent
+			captureEveryWrite(t, e)
+		})
+	}
+}
+
+func captureEveryWrite(t *testing.T, e capEnv) {
 	ctx := t.Context()
 	const f = feed.FeedName("items")
+	e.inMode(t, f)
 	info, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: f, Schema: e.d.schema, Table: "items"})
 	if err != nil {
 		t.Fatal(err)
@@ -176,6 +239,12 @@ func TestCaptureEveryWrite(t *testing.T) {
 		t.Helper()
 		_, before := e.head(t, f)
 		e.exec(t, sql, args...)
+		if e.concurrent {
+			// The trigger wrote unsealed rows, one per key, and no seq.
+			if n, h := e.unsealed(t, f); n != wantMoved || h != before {
+				t.Fatalf("%s: %d rows unsealed and the head at %d before sealing; want %d and %d", name, n, h, wantMoved, before)
+			}
+		}
 		_, after := e.head(t, f)
 		if int64(after-before) != wantMoved {
 			t.Fatalf("%s: the head moved by %d; want %d", name, after-before, wantMoved)
@@ -283,7 +352,9 @@ func TestCaptureEveryWrite(t *testing.T) {
 	if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: "shift", Schema: e.d.schema, Table: "shift"}); err != nil {
 		t.Fatal(err)
 	}
+	e.inMode(t, "shift")
 	e.exec(t, `UPDATE `+e.q("shift")+` SET v = v || '!'`)
+	e.settle(t, "shift") // in the concurrent mode, sealed before the shift as the locked mode's write is
 	e.exec(t, `UPDATE `+e.q("shift")+` SET id = id + 1`)
 	e.same(t, "shift of the keys", "shift", e.want(t, `SELECT id::text, to_jsonb(r)::text FROM `+e.q("shift")+` AS r`))
 	if got := e.tombstones(t, "shift"); !slices.Equal(got, []string{"1"}) {
@@ -554,14 +625,33 @@ func TestCaptureSQL(t *testing.T) {
 // feed throughout. The reader must see every seq from 1 to the head, each
 // above the last. A trigger that handed out seqs without holding the feed
 // lock to commit fails: the slow writer's seqs would commit below seqs the
-// reader has passed.
+// reader has passed. It runs in both write modes; in the concurrent one a
+// sealer runs throughout and the slow writer's rows wait unsealed.
 func TestCaptureCommitOrder(t *testing.T) {
 	t.Parallel()
-	e := newCapEnv(t, `CREATE TABLE %[1]s.t (id text PRIMARY KEY, n int)`)
+	for _, mode := range writeModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newCapEnv(t, `CREATE TABLE %[1]s.t (id text PRIMARY KEY, n int)`)
+			e.concurrent = mode == feed.WriteConcurrent
+			captureCommitOrder(t, e)
+		})
+	}
+}
+
+func captureCommitOrder(t *testing.T, e capEnv) {
 	ctx := t.Context()
 	const f = feed.FeedName("order")
 	if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: f, Schema: e.d.schema, Table: "t"}); err != nil {
 		t.Fatal(err)
+	}
+	e.inMode(t, f)
+	if e.concurrent {
+		// The sealer runs all along, as a runner runs it.
+		sealCtx, stopSealer := context.WithCancel(ctx)
+		sealed := make(chan error, 1)
+		go func() { sealed <- e.s.RunSealer(sealCtx, f) }()
+		t.Cleanup(func() { stopSealer(); <-sealed })
 	}
 	const writers, commits, perCommit = 8, 20, 3
 	var (
@@ -601,7 +691,7 @@ func TestCaptureCommitOrder(t *testing.T) {
 				return err
 			}
 			begin := time.Now()
-			time.Sleep(1500 * time.Millisecond) // the feed lock is held all along
+			time.Sleep(1500 * time.Millisecond) // the feed lock (the rows' locks, concurrent) held all along
 			slowHeld = time.Since(begin)
 			return nil
 		})
@@ -615,7 +705,7 @@ func TestCaptureCommitOrder(t *testing.T) {
 	go func() { wg.Wait(); close(done) }()
 	seen := map[feed.Seq]bool{}
 	var last feed.Seq
-	finished := false
+	finished, settled := false, false
 	for {
 		select {
 		case err := <-errs:
@@ -636,6 +726,13 @@ func TestCaptureCommitOrder(t *testing.T) {
 			seen[r.Seq] = true
 		}
 		if len(b.Records) == 0 {
+			if finished && e.concurrent && !settled {
+				// Every writer has committed: seal what the sealer has not
+				// yet, and read on.
+				e.settle(t, f)
+				settled = true
+				continue
+			}
 			if finished {
 				break
 			}
@@ -687,55 +784,79 @@ func TestSplitKey(t *testing.T) {
 	}
 }
 
-// TestCaptureKeepsItsFeedLocked: a capture's trigger and a backfill write by
-// the locked mode's rules, so a captured feed must stay in that mode.
-// Capture refuses a feed in the concurrent mode, SetWriteMode refuses to
-// move a captured feed to it, and should the mode change behind both (by
-// hand, in SQL), the write function refuses the captured write (SQLSTATE
-// 0A000) rather than stamp seqs beside the sealer, so the writer's
-// statement fails and nothing is written.
-func TestCaptureKeepsItsFeedLocked(t *testing.T) {
+// TestCaptureModeSwitch: a captured feed moves between the write modes
+// while a captured writer holds its transaction open, and the switch waits
+// for it, whichever mode it wrote in. To the locked mode, the writer's
+// unsealed row must be sealed by the switch: a trigger's write that took
+// the concurrent path without the feed's write lock shared would let the
+// switch pass it, and its row would commit unsealed into a locked feed,
+// where no sealer ever seals it. To the concurrent mode, the locked writer's
+// row keeps its seq and later writes go unsealed.
+func TestCaptureModeSwitch(t *testing.T) {
 	t.Parallel()
 	e := newCapEnv(t, `CREATE TABLE %[1]s.items (id int PRIMARY KEY, name text NOT NULL)`)
 	ctx := t.Context()
-	const f, other = feed.FeedName("items"), feed.FeedName("outbox")
-
-	if err := e.s.SetWriteMode(ctx, other, feed.WriteConcurrent); err != nil {
-		t.Fatal(err)
-	}
-	_, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: other, Schema: e.d.schema, Table: "items"})
-	var inv *feed.InvalidError
-	if !errors.As(err, &inv) || inv.Field != "spec.feed" || !strings.Contains(err.Error(), "concurrent write mode") {
-		t.Fatalf("Capture into a concurrent-mode feed: %v; want an *InvalidError on spec.feed naming the mode", err)
-	}
-
+	const f = feed.FeedName("items")
+	table := `SELECT id::text, to_jsonb(r)::text FROM ` + e.q("items") + ` AS r`
 	if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: f, Schema: e.d.schema, Table: "items"}); err != nil {
 		t.Fatal(err)
 	}
-	err = e.s.SetWriteMode(ctx, f, feed.WriteConcurrent)
-	if !errors.As(err, &inv) || inv.Field != "mode" || !strings.Contains(err.Error(), "Uncapture") {
-		t.Fatalf("SetWriteMode(concurrent) of a captured feed: %v; want an *InvalidError on mode saying to Uncapture first", err)
-	}
-	e.exec(t, `INSERT INTO `+e.q("items")+` VALUES (1, 'one')`)
-	if got := e.live(t, f); len(got) != 1 {
-		t.Fatalf("the captured feed holds %v; want key 1", got)
+	// switchWhileOpen opens a writer that inserts row id, switches f to
+	// mode meanwhile, and commits the writer once the switch waits for it.
+	switchWhileOpen := func(id int, mode feed.WriteMode) {
+		t.Helper()
+		tx, err := e.d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		var pid int32
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+e.q("items")+` VALUES ($1, 'open during the switch')`, id); err != nil {
+			t.Fatal(err)
+		}
+		switched := make(chan error, 1)
+		go func() { switched <- e.s.SetWriteMode(ctx, f, mode) }()
+		for waiting := false; !waiting; {
+			select {
+			case err := <-switched:
+				t.Fatalf("the switch to the %s mode returned (%v) while a captured writer was open", mode, err)
+			default:
+			}
+			if err := e.d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-switched; err != nil {
+			t.Fatalf("SetWriteMode(%s): %v", mode, err)
+		}
 	}
 
-	e.exec(t, `UPDATE "`+e.d.schema+`".feed_generations SET write_mode = 'concurrent' WHERE feed = $1`, string(f))
+	e.exec(t, `INSERT INTO `+e.q("items")+` VALUES (1, 'locked')`)
+	switchWhileOpen(2, feed.WriteConcurrent)
+	e.concurrent = true
+	e.exec(t, `INSERT INTO `+e.q("items")+` VALUES (3, 'concurrent')`)
+	if n, _ := e.unsealed(t, f); n != 1 {
+		t.Fatalf("%d rows unsealed after a captured insert in the concurrent mode; want 1", n)
+	}
+	e.same(t, "after the switch to the concurrent mode", f, e.want(t, table))
+
+	e.exec(t, `UPDATE `+e.q("items")+` SET name = name || '!' WHERE id = 3`)
+	e.concurrent = false // no sealing by the test from here: the switch must
+	switchWhileOpen(4, feed.WriteLocked)
+	if n, _ := e.unsealed(t, f); n != 0 {
+		t.Fatalf("%d rows unsealed in the locked mode after the switch", n)
+	}
+	e.exec(t, `INSERT INTO `+e.q("items")+` VALUES (5, 'locked again')`)
+	e.same(t, "after the switch back to the locked mode", f, e.want(t, table))
 	_, head := e.head(t, f)
-	_, err = e.d.pool.Exec(ctx, `INSERT INTO `+e.q("items")+` VALUES (2, 'two')`)
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
-		t.Fatalf("a captured write to a feed switched by hand: %v; want SQLSTATE 0A000", err)
-	}
-	_, err = e.d.pool.Exec(ctx, `TRUNCATE `+e.q("items"))
-	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
-		t.Fatalf("a captured TRUNCATE of a feed switched by hand: %v; want SQLSTATE 0A000", err)
-	}
-	if _, after := e.head(t, f); after != head {
-		t.Fatalf("the head moved from %d to %d; want the refused writes to write nothing", head, after)
-	}
-	if got := e.live(t, f); len(got) != 1 {
-		t.Fatalf("the feed holds %v after the refused writes; want key 1 alone", got)
+	if rows := e.feedRows(t, f); rows["5"].seq != int64(head) {
+		t.Fatalf("key 5, written last in the locked mode, is at seq %d; want the head %d", rows["5"].seq, head)
 	}
 }

@@ -194,19 +194,31 @@
 // allows transition tables only on a trigger of one event) turn the
 // statement's transition tables into one change set, so an UPDATE of 100k
 // rows is one feed write, and hand it to the schema's write function
-// (<prefix>write, from migration 3): Write's statement as a function, with
-// the same lock, seqs, notification and refusals. That function is the one
-// place a write mode lives; every installed trigger calls it, so another
-// mode changes it, not the triggers. A change set has each key once (the
-// function's comment says why that holds): an UPDATE gives the new rows'
-// documents, and tombstones for the keys of old rows no new row has, so a
-// key that changed leaves a tombstone. A transaction that writes a key again
-// replaces its row, as Write does: one row per key. A TRUNCATE moves the feed to a
-// new generation, emptied (the <prefix>reset function, ResetTx's two
-// statements): every sink fills a fresh, empty copy and publishes it at
-// once, where tombstoning each key would cost a row per key that stays
-// until collected, and a TRUNCATE trigger has no transition table to say
-// which keys went anyway.
+// (<prefix>write, from migration 3): Write as a function, with the same
+// refusals, in the feed's write mode, whichever it is when the trigger runs.
+// In the locked mode it takes the feed lock and hands out seqs, as Write's
+// statement does; in the concurrent mode it takes the feed's write lock
+// shared and upserts the keys' rows unsealed with Write's own statement text
+// (the migration renders it from the same Go source), and the sealer seals
+// them after the commit. As in Write, the mode is checked by each mode's
+// statement under that mode's lock, and a SetWriteMode, which takes both
+// locks, waits for every open captured writer and holds back the next, so no
+// captured row is written in a mode the feed just left (an unsealed row in a
+// locked feed would never be sealed). The trigger passes the write lock's
+// key, which Go derives, as a literal of its generated SQL. That function is
+// the one place a write mode lives; every installed trigger calls it, so a
+// feed switches modes with no change to its triggers. A change set has each
+// key once (the function's comment says why that holds): an UPDATE gives the
+// new rows' documents, and tombstones for the keys of old rows no new row
+// has, so a key that changed leaves a tombstone. A transaction that writes a
+// key again replaces its row, as Write does: one row per key. A TRUNCATE
+// moves the feed to a new generation, emptied (the <prefix>reset function,
+// ResetTx's statements: the write lock exclusive and the generations row FOR
+// UPDATE, then the new generation and the delete, unsealed rows included, in
+// later statements, in either mode): every sink fills a fresh, empty copy
+// and publishes it at once, where tombstoning each key would cost a row per
+// key that stays until collected, and a TRUNCATE trigger has no transition
+// table to say which keys went anyway.
 //
 // What the trigger cannot make a valid change fails the writer's statement
 // with SQLSTATE 22023, as Write refuses it: a NULL, empty or over-long key,
@@ -217,36 +229,63 @@
 // whose text no session setting changes (CaptureSpec.Key lists them), so
 // every writer makes the same key of the same row.
 //
-// The cost is the trigger's work and the feed lock: captured writers of one
-// feed serialise from their first captured statement to their commit, as
-// Write's callers do. Writes made with triggers disabled (session_replication_role
-// = replica, as pg_restore and logical replication apply do) are not
-// captured; a Backfill afterwards repairs the feed. The roles that write the
-// table need the rights Write needs on the feed's tables and EXECUTE on the
-// functions. Capture, Uncapture and their SQL (CaptureSQL) serialise on an
-// advisory transaction lock of the schema and prefix; a repeated Capture
-// finds the same version installed and changes nothing.
+// The cost is the trigger's work and, in the locked mode, the feed lock:
+// captured writers of one feed serialise from their first captured statement
+// to their commit, as Write's callers do. A table with many writers wants
+// the concurrent mode, where writers of different keys never wait for each
+// other (BENCHMARKS.md, group K, has both). Writes made with triggers
+// disabled (session_replication_role = replica, as pg_restore and logical
+// replication apply do) are not captured; a Backfill afterwards repairs the
+// feed. The roles that write the table need the rights Write needs on the
+// feed's tables and EXECUTE on the functions. Capture, Uncapture and their
+// SQL (CaptureSQL) serialise on an advisory transaction lock of the schema
+// and prefix; a repeated Capture finds the same version installed and
+// changes nothing.
 //
 // # Backfill
 //
 // Backfill copies the rows a table already holds with the capture's own key
 // and document. In place, each batch is a transaction that takes the feed
-// lock in a statement of its own first and only then reads its rows, in
-// READ COMMITTED, so its read takes a snapshot after the lock: every
-// captured writer that wrote the feed before it has committed and is seen,
-// and every writer after it waits for the lock and gets a higher seq. A
-// copy is therefore never older than a feed row below it, and a writer's
-// later change always lands above the copy: the trigger's writes win over
-// the backfill's, never the reverse, without a per-key comparison. (A
-// writer whose statement changed a row but whose trigger has not yet run
-// holds no lock; the batch copies the row as committed, and the writer's
-// trigger then writes above it.) Writers wait at most one batch. Each
-// batch records its position (the last key's columns) in the same
+// lock in a statement of its own first and only then reads its rows, in READ
+// COMMITTED, so its read takes a snapshot after the lock: every captured
+// writer that wrote the feed before it has committed and is seen, and every
+// writer after it waits for the lock and gets a higher seq. A copy is
+// therefore never older than a feed row below it, and a writer's later
+// change always lands above the copy: the trigger's writes win over the
+// backfill's, never the reverse, without a per-key comparison. (A writer
+// whose statement changed a row but whose trigger has not yet run holds no
+// lock; the batch copies the row as committed, and the writer's trigger then
+// writes above it.) Writers wait at most one batch.
+//
+// In the concurrent mode there is no feed lock to order by: writers upsert
+// unsealed rows, and the last to commit a key's row leaves its document,
+// which the sealer seals after every earlier seal. So the copy must be
+// written like a writer of the row it copies: each batch takes the write
+// lock shared (which holds the mode still), picks its rows in key order
+// without a lock, then reads those rows again FOR SHARE and copies what that
+// read returns. A writer that changed a row before the lock read committed
+// first (the read waits for it) and its own upsert of the key's feed row
+// came before the copy's, which writes the same document; a writer that
+// changes the row after waits for the batch's commit, so its upsert comes
+// after the copy's and wins. A row whose key a writer changed in between
+// fails the locking read's WHERE, checked again on the new version (unless
+// the new key is another the batch picked, then copied as it now is); its
+// writer's trigger wrote both keys. (One locking read that both picked and
+// locked would return such a row with its new key, which may lie past rows
+// the batch never read, and the position would skip them.) The position is
+// the first read's last key. A row a writer inserted and had not committed is
+// in neither read, and its trigger writes it.
+//
+// Each batch records its position (the last key's columns) in the same
 // transaction, so a backfill killed at any point resumes after the last
 // committed batch and copies no row twice. With NewGeneration the copy is
 // one transaction that resets the feed first and holds the lock until its
-// commit: sinks see the new generation complete or not at all, which is the
-// table-shaped rebuild.
+// commit (in the concurrent mode the write lock exclusive, which every
+// captured writer's trigger waits for): sinks see the new generation
+// complete or not at all, which is the table-shaped rebuild. It reads no row
+// FOR SHARE: every writer's feed write comes after its commit anyway, and a
+// writer that changed a row and waits in its trigger for the lock would
+// deadlock with a read waiting for that row.
 //
 // # For implementers
 //

@@ -3,6 +3,7 @@ package pgfeed
 import (
 	"context"
 	"embed"
+	"text/template"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgschema"
@@ -50,6 +51,7 @@ func (n names) migrations() pgschema.Migrations {
 	return pgschema.Migrations{
 		Package: "pgfeed", Files: migrationFiles, Dir: "migrations",
 		Schema: n.schema, Prefix: n.prefix,
+		Funcs: template.FuncMap{"concurrentUpsert": n.concurrentUpsert},
 	}
 }
 

@@ -99,23 +99,7 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 	if err := mode.Validate("mode"); err != nil {
 		return err
 	}
-	var captured bool
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if mode == feed.WriteConcurrent {
-			// A captured table's trigger writes by the locked mode's rules
-			// (the write function refuses a concurrent feed), so a captured
-			// feed stays locked; the capture lock orders this check with a
-			// Capture running at the same time.
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, s.names.captureLockKey()); err != nil {
-				return err
-			}
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.names.table("captures")+` WHERE feed = $1::text)`, string(f)).Scan(&captured); err != nil {
-				return err
-			}
-			if captured {
-				return nil
-			}
-		}
 		if _, err := tx.Exec(ctx, s.sql.setMode, string(f)); err != nil {
 			return err
 		}
@@ -152,9 +136,6 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 	})
 	if err != nil {
 		return feed.WriteFailed("setting the write mode of feed "+string(f), err)
-	}
-	if captured {
-		return feed.Invalid("mode", "feed %s captures a table (Capture), whose trigger writes in the locked mode only; Uncapture it first", f)
 	}
 	s.modes.Store(f, mode)
 	return nil

@@ -182,6 +182,26 @@ type statements struct {
 	describeSinks, describeParked string
 }
 
+// concurrentUpsert is the concurrent mode's upsert of unsealed rows
+// (statements.writeConcurrent), written over the given feed name, keys and
+// documents (text or jsonb), returning the generation, into the given
+// PL/pgSQL target when into is not empty. Write runs it with parameters,
+// and migration 3's write function, which a capture trigger and a backfill
+// call, with its own arguments, so both keep one text of the rules.
+func (n names) concurrentUpsert(feedName, keys, docs, into string) string {
+	if into != "" {
+		into = " INTO " + into
+	}
+	return `WITH m AS (
+	SELECT generation FROM ` + n.generations + ` WHERE feed = ` + feedName + ` AND write_mode = 'concurrent'
+), w AS (
+	INSERT INTO ` + n.rows + ` AS r (feed, key, pending, pending_doc)
+	SELECT ` + feedName + `, c.key, true, c.doc::jsonb FROM m, unnest(` + keys + `, ` + docs + `) AS c(key, doc)
+	ON CONFLICT (feed, key) DO UPDATE SET pending = true, pending_doc = excluded.pending_doc
+)
+SELECT generation` + into + ` FROM m`
+}
+
 func (n names) statements() statements {
 	g, r, c, p := n.generations, n.rows, n.cursors, n.parked
 	// lockHeld is true when this session holds the session advisory lock
@@ -207,20 +227,13 @@ func (n names) statements() statements {
 )
 SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
 
-		writeConcurrent: `WITH m AS (
-	SELECT generation FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'
-), w AS (
-	INSERT INTO ` + r + ` AS r (feed, key, pending, pending_doc)
-	SELECT $1::text, c.key, true, c.doc::jsonb FROM m, unnest($2::text[], $3::text[]) AS c(key, doc)
-	ON CONFLICT (feed, key) DO UPDATE SET pending = true, pending_doc = excluded.pending_doc
-)
-SELECT generation FROM m`,
-		modeOf:       `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
-		shareFeed:    `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
-		shareWrite:   `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
-		excludeWrite: `SELECT pg_advisory_xact_lock($1::bigint)`,
-		lockReset:    `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
-		sealLock:     `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
+		writeConcurrent: n.concurrentUpsert(`$1::text`, `$2::text[]`, `$3::text[]`, ""),
+		modeOf:          `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
+		shareFeed:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
+		shareWrite:      `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
+		excludeWrite:    `SELECT pg_advisory_xact_lock($1::bigint)`,
+		lockReset:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
+		sealLock:        `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
 		seal: `WITH c AS (
 	SELECT key FROM ` + r + ` WHERE feed = $1::text AND pending ORDER BY key LIMIT $2::bigint FOR UPDATE SKIP LOCKED
 ), o AS (

@@ -76,6 +76,10 @@ type Migrations struct {
 	Dir   string
 	// Schema and Prefix are validated identifiers.
 	Schema, Prefix string
+	// Funcs are the package's own template functions beside table and
+	// index, for SQL a migration shares with the package's Go statements,
+	// so the two keep one text.
+	Funcs template.FuncMap
 }
 
 // legacyOwners are the only migrations a version table of the old shape can
@@ -103,6 +107,9 @@ func (m Migrations) steps() ([]Migration, error) {
 	funcs := template.FuncMap{
 		"table": m.Table,
 		"index": func(index string) string { return Quote(m.Prefix + index) },
+	}
+	for name, fn := range m.Funcs {
+		funcs[name] = fn
 	}
 	var out []Migration
 	for _, e := range entries {
