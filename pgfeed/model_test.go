@@ -52,6 +52,9 @@ type model struct {
 // states: a test whose operations all bounced off empty state proves little.
 type outcomes struct {
 	casLanded, casRefused, collected, retried, removed, heldRefused, lost atomic.Int64
+	// unsealedWrites and sealed count the concurrent write mode's steps:
+	// writes that left keys unsealed and rows sealed by rounds.
+	unsealedWrites, sealed atomic.Int64
 }
 
 func TestModelAgainstMemfeed(t *testing.T) {
@@ -93,10 +96,11 @@ func runModel(t *testing.T, mode pgx.QueryExecMode) {
 		defer pg.Close()
 		rt.Repeat(m.actions())
 	})
-	t.Logf("model: %d checks, %d steps; cas landed %d, refused %d; tombstones collected %d; retries %d; sinks removed %d; leases refused %d; lost %d",
-		checks.Load(), steps.Load(), seen.casLanded.Load(), seen.casRefused.Load(), seen.collected.Load(), seen.retried.Load(), seen.removed.Load(), seen.heldRefused.Load(), seen.lost.Load())
+	t.Logf("model: %d checks, %d steps; cas landed %d, refused %d; tombstones collected %d; retries %d; sinks removed %d; leases refused %d; lost %d; unsealed writes %d; rows sealed %d",
+		checks.Load(), steps.Load(), seen.casLanded.Load(), seen.casRefused.Load(), seen.collected.Load(), seen.retried.Load(), seen.removed.Load(), seen.heldRefused.Load(), seen.lost.Load(), seen.unsealedWrites.Load(), seen.sealed.Load())
 	for name, n := range map[string]int64{"cas landed": seen.casLanded.Load(), "cas refused": seen.casRefused.Load(), "tombstones collected": seen.collected.Load(),
-		"retries": seen.retried.Load(), "sinks removed": seen.removed.Load(), "leases refused": seen.heldRefused.Load(), "leases lost": seen.lost.Load()} {
+		"retries": seen.retried.Load(), "sinks removed": seen.removed.Load(), "leases refused": seen.heldRefused.Load(), "leases lost": seen.lost.Load(),
+		"unsealed writes": seen.unsealedWrites.Load(), "rows sealed": seen.sealed.Load()} {
 		if n == 0 && steps.Load() >= minModelSteps {
 			t.Errorf("the model never reached %q in %d steps", name, steps.Load())
 		}
@@ -163,6 +167,32 @@ func (m *model) actions() map[string]func(*rapid.T) {
 			if !reflect.DeepEqual(a, b) {
 				t.Fatalf("write: memfeed %+v, pgfeed %+v", a, b)
 			}
+			if len(a.Unsealed) > 0 {
+				m.seen.unsealedWrites.Add(1)
+			}
+		},
+		"setMode": func(t *rapid.T) {
+			// Feeds move between the write modes, so one sequence meets
+			// both, and the moves between them (the one to locked seals).
+			f := m.pickFeed(t)
+			mode := rapid.SampledFrom([]feed.WriteMode{feed.WriteLocked, feed.WriteConcurrent, feed.WriteConcurrent}).Draw(t, "mode")
+			same(t, "setMode "+string(mode), m.mem.SetWriteMode(m.ctx, f, mode), m.pg.SetWriteMode(m.ctx, f, mode))
+		},
+		"seal": func(t *rapid.T) {
+			f := m.pickFeed(t)
+			var keys []feed.Key
+			for i := range rapid.IntRange(1, 3).Draw(t, "rangeKeys") {
+				keys = append(keys, rapid.SampledFrom(m.keys).Draw(t, fmt.Sprintf("rangeKey%d", i)))
+			}
+			m.sameSealedRange(t, f, keys)
+			a, errA := m.mem.SealRound(m.ctx, f)
+			b, errB := m.pg.SealRound(m.ctx, f)
+			same(t, "seal", errA, errB)
+			if a != b {
+				t.Fatalf("seal %s: memfeed sealed %d, pgfeed %d", f, a, b)
+			}
+			m.seen.sealed.Add(int64(a))
+			m.sameSealedRange(t, f, keys)
 		},
 		"readBatch": func(t *rapid.T) {
 			f := m.pickFeed(t)
@@ -400,6 +430,17 @@ func (m *model) actions() map[string]func(*rapid.T) {
 	}
 }
 
+// sameSealedRange fails t unless both stores say the same of keys' seal.
+func (m *model) sameSealedRange(t *rapid.T, f feed.FeedName, keys []feed.Key) {
+	t.Helper()
+	ga, fa, la, sa, errA := m.mem.SealedRange(m.ctx, f, keys)
+	gb, fb, lb, sb, errB := m.pg.SealedRange(m.ctx, f, keys)
+	same(t, "sealedRange", errA, errB)
+	if ga != gb || fa != fb || la != lb || sa != sb {
+		t.Fatalf("sealedRange %s %v: memfeed %d %d..%d %v, pgfeed %d %d..%d %v", f, keys, ga, fa, la, sa, gb, fb, lb, sb)
+	}
+}
+
 // discard releases the half of a lease pair that one store granted when the
 // other refused; the comparison that follows then fails the check.
 func (m *model) discard(a, b feed.Lease) {
@@ -436,6 +477,9 @@ func sameParked(a, b []feed.ParkedRecord) bool {
 func (m *model) sameDescription(a, b feed.Description) string {
 	if a.Feed != b.Feed || a.Generation != b.Generation || a.Head != b.Head || len(a.Sinks) != len(b.Sinks) {
 		return "feed, generation, head or sink count differ"
+	}
+	if a.Mode != b.Mode || a.Unsealed != b.Unsealed || (a.Sealer == nil) != (b.Sealer == nil) {
+		return "mode, unsealed backlog or sealer lease differ"
 	}
 	for i := range a.Sinks {
 		sa, sb := a.Sinks[i], b.Sinks[i]

@@ -63,7 +63,7 @@ func TestResyncGenerationMovesBeforeItsMove(t *testing.T) {
 // the generation gone, and the worker, taking the lease again, resyncs into
 // the new generation.
 func TestIncrementalMoveLosesToRebuild(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		e.write(feed.Put("a", doc(`{"g":1}`)))
 		w := newWorld(e, "search")
 		run, _ := one(t, e, w, "A", testOptions(t, e))

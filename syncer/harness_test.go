@@ -15,6 +15,7 @@ import (
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/feed/memfeed"
+	"github.com/kairos-es/kairos/syncer"
 )
 
 // backend builds the store a scenario runs over. Scenarios take a backend so
@@ -25,6 +26,51 @@ type backend struct {
 	// synctest: the scenario runs inside testing/synctest, on fake time.
 	synctest bool
 	new      func(t *testing.T) feedtest.StoreHarness
+	// concurrent: the scenario's feeds are in the concurrent write mode,
+	// and a scenario's runners seal them (inConcurrentMode).
+	concurrent bool
+}
+
+// inConcurrentMode is b with every feed its scenarios write moved to the
+// concurrent write mode before its first write or rebuild. Nothing but a
+// scenario's runner seals them (a Runner runs the store's sealer, through
+// split), so a scenario's writes reach its sinks as they would in a daemon.
+func inConcurrentMode(b backend) backend {
+	inner := b.new
+	b.name += "-concurrent"
+	b.concurrent = true
+	b.new = func(t *testing.T) feedtest.StoreHarness {
+		h := inner(t)
+		var mu sync.Mutex
+		set := map[feed.FeedName]bool{}
+		ensure := func(ctx context.Context, f feed.FeedName) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if set[f] {
+				return nil
+			}
+			if err := h.SetMode(ctx, f, feed.WriteConcurrent); err != nil {
+				return err
+			}
+			set[f] = true
+			return nil
+		}
+		write, rebuild := h.Write, h.Rebuild
+		h.Write = func(ctx context.Context, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
+			if err := ensure(ctx, f); err != nil {
+				return feed.WriteResult{}, err
+			}
+			return write(ctx, f, changes)
+		}
+		h.Rebuild = func(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
+			if err := ensure(ctx, f); err != nil {
+				return 0, err
+			}
+			return rebuild(ctx, f)
+		}
+		return h
+	}
+	return b
 }
 
 var memBackend = backend{
@@ -48,6 +94,8 @@ var memBackend = backend{
 				}
 				return g, tx.Commit()
 			},
+			SetMode: s.SetWriteMode,
+			Seal:    s.SealRound,
 		}
 	},
 }
@@ -55,6 +103,10 @@ var memBackend = backend{
 // backends are the stores every scenario runs on; pg_test.go adds Postgres
 // when it is there.
 var backends = []backend{memBackend}
+
+// concurrentBackends are the backends in the concurrent write mode, which
+// forEachBackendBothModes adds to backends; pg_test.go adds Postgres's.
+var concurrentBackends = []backend{inConcurrentMode(memBackend)}
 
 // forEachBackend runs scenario once per backend, in a synctest bubble where the
 // backend allows it.
@@ -69,6 +121,20 @@ func forEachBackend(t *testing.T, scenario func(t *testing.T, e *env)) {
 			scenario(t, newEnv(t, b))
 		})
 	}
+}
+
+// forEachBackendBothModes is forEachBackend over the backends of both write
+// modes. The scenarios that run it write through the store and run their
+// workers on a Runner over split, which runs the store's sealer. The others
+// run the locked mode only: most wrap the store in a fault or a spy with no
+// sealer, or count its calls; TestResyncUnderWrites needs a write in a sink
+// hook to be readable at its commit, which the concurrent mode gives up (it
+// is readable once sealed).
+func forEachBackendBothModes(t *testing.T, scenario func(t *testing.T, e *env)) {
+	all := backends
+	backends = append(slices.Clip(backends), concurrentBackends...)
+	defer func() { backends = all }()
+	forEachBackend(t, scenario)
 }
 
 // forEachBackendRealTime runs scenario once per backend in real time, for
@@ -98,7 +164,7 @@ var feedCounter atomic.Int64
 
 func newEnv(t *testing.T, b backend) *env {
 	h := b.new(t)
-	return &env{
+	e := &env{
 		t:       t,
 		ctx:     t.Context(),
 		b:       b,
@@ -106,17 +172,47 @@ func newEnv(t *testing.T, b backend) *env {
 		feed:    feed.FeedName(fmt.Sprintf("f%d_%d", time.Now().UnixNano()%1e9, feedCounter.Add(1))),
 		fakeNow: b.synctest,
 	}
+	if b.concurrent {
+		// Before any runner starts: a sealer that finds a feed locked
+		// looks again only after a long pause.
+		if err := h.SetMode(e.ctx, e.feed, feed.WriteConcurrent); err != nil {
+			t.Fatalf("SetMode: %v", err)
+		}
+	}
+	return e
 }
 
 func (e *env) id(sink string) feed.SinkID {
 	return feed.SinkID{Feed: e.feed, Sink: feed.SinkName(sink)}
 }
 
+// write commits changes. In the concurrent mode it also seals them at once
+// (rounds until one seals nothing), so a scenario's own writes stand in the
+// feed as the locked mode's would when its runner starts or its next step
+// looks; writes in sink hooks (hookWrite) are left to the runner's sealer.
 func (e *env) write(changes ...feed.Change) feed.WriteResult {
 	e.t.Helper()
 	res, err := e.h.Write(e.ctx, e.feed, changes)
 	if err != nil {
 		e.t.Fatalf("write: %v", err)
+	}
+	if e.b.concurrent && len(res.Unsealed) > 0 {
+		for {
+			n, err := e.h.Seal(e.ctx, e.feed)
+			if err != nil {
+				e.t.Fatalf("seal: %v", err)
+			}
+			if n == 0 {
+				break
+			}
+		}
+		// The seqs the write's keys got, as the locked mode's result has
+		// them when the keys are in key order (a round's order).
+		gen, first, last, sealed, err := e.h.Store.(syncer.SealWaiter).SealedRange(e.ctx, e.feed, res.Unsealed)
+		if err != nil || !sealed {
+			e.t.Fatalf("SealedRange after sealing: %v, %v", sealed, err)
+		}
+		res = feed.WriteResult{Generation: gen, First: first, Last: last}
 	}
 	return res
 }
@@ -219,6 +315,13 @@ func (e *env) caughtUp(id feed.SinkID) bool {
 	c, err := e.h.Store.ReadCursor(e.ctx, id)
 	if err != nil || c.IsZero() {
 		return false
+	}
+	if e.b.concurrent {
+		// Caught up with what is sealed is not caught up while the sealer
+		// has more to seal.
+		if d, err := e.h.Store.Describe(e.ctx, e.feed); err != nil || d.Unsealed > 0 {
+			return false
+		}
 	}
 	b, err := e.h.Reader.ReadBatch(e.ctx, e.feed, c.Seq, feed.BatchLimit{Records: 1})
 	return err == nil && b.Generation == c.Generation && len(b.Records) == 0

@@ -103,7 +103,7 @@ func TestLeaseLostMidBatch(t *testing.T) {
 // the live lease holder ever calls a sink, no key goes back to an older
 // version, and both sinks end with the feed's live documents.
 func TestRivals(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		worlds := []*world{newWorld(e, "s1"), newWorld(e, "s2")}
 		opts := testOptions(t, e)
 		opts.BatchSize = 25

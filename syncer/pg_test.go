@@ -44,7 +44,10 @@ var pgAdvisoryBackend = backend{
 	},
 }
 
-func init() { backends = append(backends, pgBackend, pgAdvisoryBackend) }
+func init() {
+	backends = append(backends, pgBackend, pgAdvisoryBackend)
+	concurrentBackends = append(concurrentBackends, inConcurrentMode(pgBackend))
+}
 
 // newPG returns a store over a fresh migrated schema, on a pool of its own.
 func newPG(t testing.TB, opts pgfeed.Options) (*pgfeed.Store, *pgxpool.Pool, string) {

@@ -95,7 +95,7 @@ type watchedSplit struct {
 // feed comes back applied once each worker moved past it, and the sinks hold
 // it by then.
 func TestWaitApplied(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		a, b := newWorld(e, "search"), newWorld(e, "cache")
 		spyA, spyB := newSpy(e.h.Store), newSpy(e.h.Store)
 		start(t, e, e.h.Reader, spyA, []syncer.Target{{ID: a.id, Sink: a.sinkFor("A", spyA)}}, testOptions(t, e))
@@ -136,7 +136,7 @@ func TestWaitApplied(t *testing.T) {
 // back parked, naming that record and the sink's reason, and only it: a
 // record parked by an earlier write is not this write's.
 func TestWaitAppliedParked(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		w := newWorld(e, "index")
 		w.setReject(func(r feed.Record) string {
 			if strings.Contains(string(r.Doc), "bad") {
@@ -167,7 +167,7 @@ func TestWaitAppliedParked(t *testing.T) {
 // worker runs; the feed is rebuilt before the sink ever applies it, and once
 // the sink publishes generation 2 the wait says superseded.
 func TestWaitAppliedSuperseded(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		w := newWorld(e, "index")
 		res := e.write(feed.Put("k", doc(`{"g":1}`)))
 		ctx, cancel := context.WithTimeout(e.ctx, e.limit())
@@ -279,7 +279,7 @@ func TestWaitAppliedOtherStore(t *testing.T) {
 // the call, each sink then holding every document written before it, and
 // names what a sink parked.
 func TestWaitCaughtUp(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		a, b := newWorld(e, "search"), newWorld(e, "cache")
 		b.setReject(func(r feed.Record) string {
 			if r.Key == "refused" {

@@ -50,6 +50,23 @@ type split struct {
 	feed.SyncStore
 }
 
+// RunSealer runs the reader's sealer when it has one (memfeed and pgfeed
+// do), so a Runner over a split seals as one over the store itself.
+func (s split) RunSealer(ctx context.Context, f feed.FeedName) error {
+	if sl, ok := s.Reader.(syncer.Sealer); ok {
+		return sl.RunSealer(ctx, f)
+	}
+	return nil
+}
+
+// SealedRange is the reader's, for a wait on a concurrent-mode write.
+func (s split) SealedRange(ctx context.Context, f feed.FeedName, keys []feed.Key) (feed.Generation, feed.Seq, feed.Seq, bool, error) {
+	if sw, ok := s.Reader.(syncer.SealWaiter); ok {
+		return sw.SealedRange(ctx, f, keys)
+	}
+	return 0, 0, 0, false, feed.Invalid("store", "has no SealedRange")
+}
+
 type running struct {
 	r      *syncer.Runner
 	cancel context.CancelFunc
@@ -96,7 +113,7 @@ func (e *env) waitCaughtUp(ids ...feed.SinkID) {
 }
 
 func TestInitialResync(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		for i := range 250 {
 			e.write(feed.Put(key(i), doc(`{"n":%d}`, i)))
 		}
@@ -142,7 +159,7 @@ func TestInitialResync(t *testing.T) {
 }
 
 func TestTombstonesDeleteKeys(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		for i := range 10 {
 			e.write(feed.Put(key(i), doc(`{"n":%d}`, i)))
 		}
@@ -174,7 +191,7 @@ func TestTombstonesDeleteKeys(t *testing.T) {
 }
 
 func TestParkUnparkRetry(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		w := newWorld(e, "index")
 		bad := func(r feed.Record) string {
 			if strings.Contains(string(r.Doc), "bad") {
@@ -240,7 +257,7 @@ func TestParkUnparkRetry(t *testing.T) {
 }
 
 func TestRejectionReasonCleaned(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		raw := "bad\x00byte \xff and " + strings.Repeat("é", feed.MaxReasonLen)
 		w := newWorld(e, "index")
 		w.setReject(func(feed.Record) string { return raw })
@@ -351,7 +368,7 @@ func TestResyncUnderWrites(t *testing.T) {
 // again once the worker is caught up: each time the worker resyncs into a
 // fresh copy and publishes the new generation.
 func TestGenerationMoves(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		for i := range 300 {
 			e.write(feed.Put(key(i), doc(`{"g":1}`)))
 		}
@@ -407,7 +424,7 @@ func TestGenerationMoves(t *testing.T) {
 // TestWakeUp shows that an idle worker sends a commit on its wake-up, not on
 // its poll: the poll interval is an hour, and the commit arrives at once.
 func TestWakeUp(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		w := newWorld(e, "cache")
 		opts := testOptions(t, e)
 		opts.PollInterval = time.Hour
@@ -462,7 +479,7 @@ func TestResyncRefusalSuperseded(t *testing.T) {
 // refused: the resync's move replaces the parked list with what the new copy
 // refused, so nothing of the old generation stays parked.
 func TestResyncReplacesParked(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		w := newWorld(e, "index")
 		w.setReject(func(r feed.Record) string {
 			if strings.Contains(string(r.Doc), "bad") {

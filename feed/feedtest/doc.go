@@ -33,6 +33,18 @@
 // execution paths runs RunSink once per path; the subtests are short, so
 // they can run against the real server in parallel.
 //
+// # Both write modes
+//
+// A harness with SetMode and Seal (and a Store with SealedRange) runs every
+// subtest of RunFeed and RunSyncStore twice: once as written, in the locked
+// mode, and once under "Concurrent/" with every feed it writes moved to the
+// concurrent mode first. There each write must come back with no seqs and
+// its keys in Unsealed; the harness then seals it (rounds until one seals
+// nothing) and hands the subtest the seqs its keys got, so the subtests
+// check the same rows in both modes. Rounds seal in key order, not in a
+// write's order, which only Compaction states apart. The subtests under
+// "Concurrent/" alone leave writes unsealed on purpose.
+//
 // # Why the suites can fail
 //
 // A suite that passes on everything proves nothing. memfeed's broken_test.go
@@ -42,7 +54,9 @@
 // without a cursor or a parked tombstone, a lease taken while live, EnsureHeld
 // without its margin, a retry that keeps the seq, a batch with the wrong
 // generation, writers without the feed lock, a move trusted to any next
-// cursor, a move that wakes no cursor subscriber) and requires each run to fail in
+// cursor, a move that wakes no cursor subscriber, collection that deletes a
+// tombstone with an unsealed put, a rebuild that keeps unsealed writes) and
+// requires each run to fail in
 // the subtest that covers the broken rule, and the run with no fault to pass.
 // This package's own tests do the same for RunSink with a map sink broken one
 // rule at a time.
@@ -77,6 +91,14 @@
 //     limits (records and bytes) and afters are refused with an
 //     *feed.InvalidError naming the field, and a batch with one bad change
 //     writes nothing.
+//   - Concurrent/UnsealedBesideSealed (concurrent mode only): a write is
+//     invisible to readers until sealed, its key's sealed value stays
+//     readable meanwhile, SealedRange says unsealed, and a round seals the
+//     latest committed value of each key above the head.
+//   - Concurrent/RebuildDropsUnsealed: a rebuild discards the old
+//     generation's unsealed writes, so none reaches the new one.
+//   - Concurrent/SetModeLockedSeals: moving back to the locked mode seals
+//     what is unsealed first; a bad mode is refused naming the field.
 //
 // That an open transaction blocks the next writer of its feed (the feed lock)
 // needs a transaction the harness does not expose; each store tests it itself.
@@ -132,6 +154,10 @@
 //     makes it known.
 //   - BadInput: guarantee 9 for every method: names, keys, holder, cursors,
 //     park seqs, reasons and times, refused before anything is written.
+//   - Concurrent/CollectKeepsUnsealedPut (concurrent mode only): guarantee
+//     7 with an unsealed put beside a collectable tombstone, which stays.
+//   - Concurrent/DescribeUnsealed: Describe reports the mode and the
+//     unsealed backlog, and a sink's Pending counts sealed rows only.
 //
 // Guarantee 8 (mixed lease kinds) concerns the Postgres store's two kinds and
 // is tested there.

@@ -6,9 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,6 +41,20 @@ type StoreHarness struct {
 	// Rebuild moves the feed to its next generation and empties it in one
 	// transaction (a rebuild's feed half), returning the new generation.
 	Rebuild func(ctx context.Context, f feed.FeedName) (feed.Generation, error)
+	// SetMode moves a feed to a write mode (pgfeed's and memfeed's
+	// SetWriteMode), and Seal runs one sealing round on a feed, returning
+	// how many rows it sealed (SealRound). With both set, and Store a
+	// SealedRange (syncer.SealWaiter), the suites run every subtest a
+	// second time with each feed in the concurrent mode, under
+	// "Concurrent/"; nil means the store has the locked mode only, and the
+	// concurrent runs skip.
+	SetMode func(ctx context.Context, f feed.FeedName, mode feed.WriteMode) error
+	Seal    func(ctx context.Context, f feed.FeedName) (int, error)
+}
+
+// sealRanger is syncer.SealWaiter, which feedtest cannot import.
+type sealRanger interface {
+	SealedRange(ctx context.Context, f feed.FeedName, keys []feed.Key) (gen feed.Generation, first, last feed.Seq, sealed bool, err error)
 }
 
 // NewStore builds a store for one subtest. It is called once per subtest,
@@ -66,16 +83,124 @@ type env struct {
 	clock *ManualClock
 	h     StoreHarness
 	feed  feed.FeedName
+	// concurrent: every feed the subtest writes is in the concurrent mode
+	// (concurrentHarness); raw is then the store's own harness, whose
+	// writes stay unsealed until a Seal.
+	concurrent bool
+	raw        StoreHarness
 }
 
-func newEnv(t *testing.T, newStore NewStore) *env {
+func newEnv(t *testing.T, newStore NewStore, mode feed.WriteMode) *env {
 	t.Helper()
 	clock := NewManualClock(suiteEpoch)
 	h := newStore(t, StoreOptions{Lease: SuiteLease, Clock: clock})
 	if h.Reader == nil || h.Write == nil {
 		t.Fatal("feedtest: the harness has no Reader or no Write")
 	}
-	return &env{t: t, ctx: t.Context(), clock: clock, h: h, feed: uniqueFeed(t)}
+	e := &env{t: t, ctx: t.Context(), clock: clock, h: h, feed: uniqueFeed(t)}
+	if mode == feed.WriteConcurrent {
+		e.concurrent, e.raw = true, h
+		e.h = concurrentHarness(t, h)
+	}
+	return e
+}
+
+// suiteModes are the write modes every store suite runs its subtests in:
+// the locked mode's at the top, the concurrent mode's under "Concurrent/".
+func runModes(t *testing.T, run func(t *testing.T, mode feed.WriteMode)) {
+	run(t, feed.WriteLocked)
+	t.Run("Concurrent", func(t *testing.T) { run(t, feed.WriteConcurrent) })
+}
+
+// concurrentHarness wraps h so that the subtests, written for the locked
+// mode's results, run unchanged on feeds in the concurrent mode: before a
+// feed's first write it moves the feed to the concurrent mode; a write must
+// come back with no seqs and its keys, in PrepareChanges' order, in
+// Unsealed; then rounds seal until one seals nothing, and the result is
+// given the seqs the write's keys then hold (SealedRange), as the locked
+// mode's would be when the keys are in key order (a round seals in key
+// order). A rebuild also keeps the feed in the concurrent mode.
+func concurrentHarness(t *testing.T, h StoreHarness) StoreHarness {
+	t.Helper()
+	sr, ok := h.Store.(sealRanger)
+	if h.SetMode == nil || h.Seal == nil || !ok {
+		t.Skip("feedtest: the store has the locked write mode only (no SetMode, Seal or SealedRange)")
+	}
+	var mu sync.Mutex
+	set := map[feed.FeedName]bool{}
+	ensure := func(ctx context.Context, f feed.FeedName) error {
+		if f.Validate() != nil {
+			return nil // the store's own error is what a subtest checks
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if set[f] {
+			return nil
+		}
+		if err := h.SetMode(ctx, f, feed.WriteConcurrent); err != nil {
+			return fmt.Errorf("feedtest: SetMode(%s, concurrent): %w", f, err)
+		}
+		set[f] = true
+		return nil
+	}
+	seal := func(ctx context.Context, f feed.FeedName) error {
+		for {
+			n, err := h.Seal(ctx, f)
+			if err != nil {
+				return fmt.Errorf("feedtest: Seal(%s): %w", f, err)
+			}
+			if n == 0 {
+				return nil
+			}
+		}
+	}
+	out := h
+	out.Write = func(ctx context.Context, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
+		if err := ensure(ctx, f); err != nil {
+			return feed.WriteResult{}, err
+		}
+		res, err := h.Write(ctx, f, changes)
+		if err != nil {
+			return res, err
+		}
+		prepared, _ := feed.PrepareChanges(changes)
+		keys := make([]feed.Key, len(prepared))
+		for i, c := range prepared {
+			keys[i] = c.Key
+		}
+		if len(prepared) == 0 {
+			if res.First != 0 || res.Last != 0 || len(res.Unsealed) != 0 {
+				t.Errorf("an empty concurrent-mode write's result = %+v, want no seqs and no keys", res)
+			}
+			return res, nil
+		}
+		if res.First != 0 || res.Last != 0 || !slices.Equal(res.Unsealed, keys) {
+			t.Errorf("a concurrent-mode write's result = %+v, want First = Last = 0 and Unsealed = %v", res, keys)
+		}
+		if err := seal(ctx, f); err != nil {
+			return res, err
+		}
+		gen, first, last, sealed, err := sr.SealedRange(ctx, f, keys)
+		if err != nil {
+			return res, fmt.Errorf("feedtest: SealedRange: %w", err)
+		}
+		if !sealed {
+			return res, fmt.Errorf("feedtest: keys %v unsealed after rounds that sealed everything", keys)
+		}
+		if gen != res.Generation {
+			t.Errorf("a concurrent-mode write's generation %d; its keys were sealed in generation %d with no rebuild between", res.Generation, gen)
+		}
+		return feed.WriteResult{Generation: res.Generation, First: first, Last: last}, nil
+	}
+	if h.Rebuild != nil {
+		out.Rebuild = func(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
+			if err := ensure(ctx, f); err != nil {
+				return 0, err
+			}
+			return h.Rebuild(ctx, f)
+		}
+	}
+	return out
 }
 
 // uniqueFeed returns a feed name no other subtest uses, even against one

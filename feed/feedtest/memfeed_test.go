@@ -30,6 +30,8 @@ func newMemStore(t *testing.T, opts feedtest.StoreOptions) feedtest.StoreHarness
 			}
 			return g, tx.Commit()
 		},
+		SetMode: s.SetWriteMode,
+		Seal:    s.SealRound,
 	}
 }
 

@@ -17,37 +17,43 @@ import (
 // package doc lists what each subtest proves.
 func RunSyncStore(t *testing.T, newStore NewStore) {
 	t.Helper()
-	run := func(name string, f func(t *testing.T, e *env)) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, newStore)
-			if e.h.Store == nil {
-				t.Fatal("feedtest: the harness has no Store")
-			}
-			f(t, e)
-		})
-	}
-	run("LeaseHeld", syncLeaseHeld)
-	run("ReleaseThenRetake", syncReleaseThenRetake)
-	run("ContextEndReleases", syncContextEndReleases)
-	run("ExpiryAndFencing", syncExpiryAndFencing)
-	run("EnsureHeldMargin", syncEnsureHeldMargin)
-	run("HeartbeatKeepsLease", syncHeartbeat)
-	run("RenewalAfterTakeover", syncRenewalAfterTakeover)
-	run("CASFromZero", syncCASFromZero)
-	run("CASExpectedMismatch", syncCASExpectedMismatch)
-	run("CASWrongHolder", syncCASWrongHolder)
-	run("RefusedCASChangesNothing", syncRefusedCASChangesNothing)
-	run("CASRefusesUnknownNext", syncCASRefusesUnknownNext)
-	run("CursorWake", syncCursorWake)
-	run("ParkChanges", syncParkChanges)
-	run("RetryParked", syncRetryParked)
-	run("CollectTombstones", syncCollectTombstones)
-	run("CollectKeepsParked", syncCollectKeepsParked)
-	run("RemoveSink", syncRemoveSink)
-	run("Describe", syncDescribe)
-	run("DescribeUnknown", syncDescribeUnknown)
-	run("BadInput", syncBadInput)
+	runModes(t, func(t *testing.T, mode feed.WriteMode) {
+		run := func(name string, f func(t *testing.T, e *env)) {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, newStore, mode)
+				if e.h.Store == nil {
+					t.Fatal("feedtest: the harness has no Store")
+				}
+				f(t, e)
+			})
+		}
+		run("LeaseHeld", syncLeaseHeld)
+		run("ReleaseThenRetake", syncReleaseThenRetake)
+		run("ContextEndReleases", syncContextEndReleases)
+		run("ExpiryAndFencing", syncExpiryAndFencing)
+		run("EnsureHeldMargin", syncEnsureHeldMargin)
+		run("HeartbeatKeepsLease", syncHeartbeat)
+		run("RenewalAfterTakeover", syncRenewalAfterTakeover)
+		run("CASFromZero", syncCASFromZero)
+		run("CASExpectedMismatch", syncCASExpectedMismatch)
+		run("CASWrongHolder", syncCASWrongHolder)
+		run("RefusedCASChangesNothing", syncRefusedCASChangesNothing)
+		run("CASRefusesUnknownNext", syncCASRefusesUnknownNext)
+		run("CursorWake", syncCursorWake)
+		run("ParkChanges", syncParkChanges)
+		run("RetryParked", syncRetryParked)
+		run("CollectTombstones", syncCollectTombstones)
+		run("CollectKeepsParked", syncCollectKeepsParked)
+		run("RemoveSink", syncRemoveSink)
+		run("Describe", syncDescribe)
+		run("DescribeUnknown", syncDescribeUnknown)
+		run("BadInput", syncBadInput)
+		if mode == feed.WriteConcurrent {
+			run("CollectKeepsUnsealedPut", syncCollectKeepsUnsealedPut)
+			run("DescribeUnsealed", syncDescribeUnsealed)
+		}
+	})
 }
 
 // acquire takes id's lease or fails t; the lease is released when t ends.

@@ -46,6 +46,8 @@ var brokenVariants = []brokenVariant{
 	{"writeSkipsFeedLock", func(f *faultSet) { f.writeSkipsFeedLock = true }, "RunFeed/ConcurrentWritersCommitOrder"},
 	{"casTrustsNext", func(f *faultSet) { f.casTrustsNext = true }, "RunSyncStore/CASRefusesUnknownNext"},
 	{"moveWakesNobody", func(f *faultSet) { f.moveWakesNobody = true }, "RunSyncStore/CursorWake"},
+	{"collectIgnoresPending", func(f *faultSet) { f.collectIgnoresPending = true }, "RunSyncStore/Concurrent/CollectKeepsUnsealedPut"},
+	{"resetKeepsUnsealed", func(f *faultSet) { f.resetKeepsUnsealed = true }, "RunFeed/Concurrent/RebuildDropsUnsealed"},
 }
 
 // noFault is the variant name of the store as shipped.
@@ -96,6 +98,8 @@ func TestSuitesOnVariant(t *testing.T) {
 				}
 				return g, tx.Commit()
 			},
+			SetMode: s.SetWriteMode,
+			Seal:    s.SealRound,
 		}
 	}
 	t.Run("RunFeed", func(t *testing.T) { feedtest.RunFeed(t, newStore) })

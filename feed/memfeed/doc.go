@@ -13,6 +13,21 @@
 // generations row, so seqs come out in commit order and an open transaction
 // blocks the next writer, RetryParked and ResetFeed, as it does in Postgres.
 //
+// # The concurrent write mode
+//
+// A feed may be moved to the concurrent write mode (SetWriteMode), as in
+// pgfeed, whose package doc argues its commit order. Here a writer's
+// transaction takes the feed's write lock shared and a lock per key it
+// writes, not the feed lock: writers of different keys never wait for each
+// other, and a second writer of a key waits for the first, as on pgfeed's
+// row. Its committed values wait unsealed beside the keys' sealed rows,
+// unread, until a sealing round (SealRound; RunSealer runs rounds, and
+// syncer.Runner runs RunSealer) gives them seqs above the head under the
+// feed lock, skipping every key an open writer holds. A reset or a mode
+// change takes the write lock exclusive, so it waits for every open writer,
+// and a reset discards the old generation's unsealed values with its rows.
+// Collection leaves a tombstone whose key has an unsealed put.
+//
 // # Leases and time
 //
 // Leases are lease rows (feed.LeaseOptions explains the arithmetic), stamped and

@@ -18,4 +18,6 @@ type faultSet struct {
 	writeSkipsFeedLock       bool // writers do not serialise on the feed lock
 	casTrustsNext            bool // a move to a place the feed never had lands
 	moveWakesNobody          bool // a landed move signals no cursor subscriber
+	collectIgnoresPending    bool // collection deletes a tombstone with an unsealed put
+	resetKeepsUnsealed       bool // a rebuild leaves the old generation's unsealed writes
 }

@@ -42,6 +42,7 @@ type Store struct {
 
 // feedState is one feed: its rows, its sinks and its lock.
 type feedState struct {
+	name string
 	// recorded says the feed's generation and head are recorded, as a
 	// committed write or reset records them (pgfeed's generations row):
 	// with a registered sink, what makes the feed known to Describe.
@@ -63,6 +64,26 @@ type feedState struct {
 	sinks map[feed.SinkName]*sinkState
 	// cursorSubs are woken by every cursor move that lands (CursorWatcher).
 	cursorSubs map[*subscription]struct{}
+
+	// The concurrent write mode (concurrent.go). mode is the feed's write
+	// mode, "" meaning the locked one. pending holds the committed unsealed
+	// value of each key written in the concurrent mode, beside its sealed
+	// row: pgfeed's pending_doc, one value per key, the latest committed.
+	mode    feed.WriteMode
+	pending map[feed.Key][]byte // value nil: a tombstone
+	// The write lock, shared by every open writer (sharers) and taken
+	// exclusive (excl) by a reset or a mode change, which so wait for every
+	// open writer; and the key locks of open concurrent-mode writers
+	// (holders), which make a second writer of a key wait and a sealing
+	// round skip the key. changed is closed and replaced whenever any of
+	// them is released, waking whoever waits for one.
+	sharers map[*Tx]struct{}
+	excl    *Tx
+	holders map[feed.Key]*Tx
+	changed chan struct{}
+	// The sealer's lease (RunSealer).
+	sealer        feed.LeaseHolder
+	sealerExpires time.Time
 }
 
 type row struct {
@@ -104,6 +125,7 @@ func (s *Store) feedLocked(f feed.FeedName) *feedState {
 	fs := s.feeds[f]
 	if fs == nil {
 		fs = &feedState{
+			name:       string(f),
 			generation: feed.FirstGeneration,
 			rows:       make(map[feed.Key]row),
 			bySeq:      make(map[feed.Seq]feed.Key),
@@ -111,6 +133,10 @@ func (s *Store) feedLocked(f feed.FeedName) *feedState {
 			subs:       make(map[*subscription]struct{}),
 			sinks:      make(map[feed.SinkName]*sinkState),
 			cursorSubs: make(map[*subscription]struct{}),
+			pending:    make(map[feed.Key][]byte),
+			sharers:    make(map[*Tx]struct{}),
+			holders:    make(map[feed.Key]*Tx),
+			changed:    make(chan struct{}),
 		}
 		s.feeds[f] = fs
 	}
@@ -153,12 +179,14 @@ func (fs *feedState) put(key feed.Key, r row) {
 	}
 }
 
-// remove deletes key's row outright (collection, rebuild). s.mu must be held.
+// remove deletes key's row outright (collection), its unsealed value with
+// it, as deleting pgfeed's row deletes its pending_doc. s.mu must be held.
 func (fs *feedState) remove(key feed.Key) {
 	if old, ok := fs.rows[key]; ok {
 		delete(fs.bySeq, old.seq)
 		delete(fs.rows, key)
 	}
+	delete(fs.pending, key)
 }
 
 func (fs *feedState) wake() {
@@ -192,6 +220,14 @@ type txFeed struct {
 	reset      bool            // the rows before the transaction are gone
 	writes     []row
 	keys       []feed.Key
+	// concurrent says the feed was in the concurrent mode when the
+	// transaction joined it: its writes go to unsealed (staged) under key
+	// locks (held), without the feed lock (locked false).
+	concurrent bool
+	staged     map[feed.Key][]byte
+	held       []feed.Key
+	locked     bool // the feed lock is held
+	exclusive  bool // the write lock is held exclusive (a reset)
 }
 
 // Begin starts a transaction.
@@ -199,23 +235,56 @@ func (s *Store) Begin() *Tx {
 	return &Tx{s: s, locked: make(map[feed.FeedName]*txFeed)}
 }
 
-// join takes f's feed lock for tx on its first use.
-func (tx *Tx) join(ctx context.Context, f feed.FeedName) (*txFeed, error) {
+// join takes f's write lock for tx on its first use, shared, or exclusive
+// for a reset (upgrading a shared one), and then the feed lock unless the
+// feed is in the concurrent mode and tx only writes: the order pgfeed takes
+// its advisory write lock and its generations row in.
+func (tx *Tx) join(ctx context.Context, f feed.FeedName, reset bool) (*txFeed, error) {
 	if tx.done {
 		return nil, feed.Invalid("tx", "the transaction has already ended")
 	}
-	if tf := tx.locked[f]; tf != nil {
-		return tf, nil
+	s := tx.s
+	tf := tx.locked[f]
+	if tf == nil {
+		s.mu.Lock()
+		fs := s.feedLocked(f)
+		s.mu.Unlock()
+		err := s.await(ctx, fs, func() bool { return fs.excl == nil || fs.excl == tx }, "waiting for the write lock of feed "+string(f))
+		if err != nil {
+			return nil, err
+		}
+		fs.sharers[tx] = struct{}{}
+		tf = &txFeed{fs: fs, concurrent: fs.mode == feed.WriteConcurrent, staged: make(map[feed.Key][]byte)}
+		s.mu.Unlock()
+		tx.locked[f] = tf
+		tx.order = append(tx.order, f)
 	}
-	fs, err := tx.s.lockFeed(ctx, f)
-	if err != nil {
-		return nil, err
+	fs := tf.fs
+	if reset && !tf.exclusive {
+		err := s.await(ctx, fs, func() bool {
+			_, mine := fs.sharers[tx]
+			return (fs.excl == nil || fs.excl == tx) && len(fs.sharers) == 1 && mine
+		}, "waiting for the open writers of feed "+string(f))
+		if err != nil {
+			return nil, err
+		}
+		fs.excl = tx
+		tf.exclusive = true
+		s.mu.Unlock()
 	}
-	tx.s.mu.Lock()
-	tf := &txFeed{fs: fs, generation: fs.generation, head: fs.head}
-	tx.s.mu.Unlock()
-	tx.locked[f] = tf
-	tx.order = append(tx.order, f)
+	if !tf.locked && (reset || !tf.concurrent) {
+		if _, err := s.lockFeed(ctx, f); err != nil {
+			return nil, err
+		}
+		tf.locked = true
+		s.mu.Lock()
+		tf.generation, tf.head = fs.generation, fs.head
+		s.mu.Unlock()
+	} else if !tf.locked && tf.generation == 0 {
+		s.mu.Lock()
+		tf.generation, tf.head = fs.generation, fs.head
+		s.mu.Unlock()
+	}
 	return tf, nil
 }
 
@@ -233,9 +302,12 @@ func (s *Store) Write(ctx context.Context, tx *Tx, f feed.FeedName, changes []fe
 	}
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
-	tf, err := tx.join(ctx, f)
+	tf, err := tx.join(ctx, f, false)
 	if err != nil {
 		return feed.WriteResult{}, err
+	}
+	if tf.concurrent {
+		return tx.writeUnsealed(ctx, tf, changes)
 	}
 	res := feed.WriteResult{Generation: tf.generation, First: tf.head + 1}
 	for _, c := range changes {
@@ -261,19 +333,26 @@ func (s *Store) WriteCommitted(ctx context.Context, f feed.FeedName, changes []f
 // ResetFeed stages a rebuild's feed half in tx: under the feed lock, the
 // generation moves on and every row of the feed goes, at commit. Seqs are not
 // reset, so rows written after it are above every cursor of the old generation.
+// It first takes the feed's write lock exclusive, so it waits for every open
+// writer of either mode (pgfeed's ResetTx does the same): every value a
+// writer committed before it, unsealed ones included, belongs to the old
+// generation and goes with it, and no unsealed value of the old generation
+// is ever sealed into the new one. A writer that comes after waits for the
+// reset's end and writes into the new generation.
 func (tx *Tx) ResetFeed(ctx context.Context, f feed.FeedName) (feed.Generation, error) {
 	if err := f.Validate(); err != nil {
 		return 0, err
 	}
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
-	tf, err := tx.join(ctx, f)
+	tf, err := tx.join(ctx, f, true)
 	if err != nil {
 		return 0, err
 	}
 	tf.generation++
 	tf.reset = true
 	tf.writes, tf.keys = nil, nil
+	clear(tf.staged)
 	return tf.generation, nil
 }
 
@@ -295,13 +374,22 @@ func (tx *Tx) Commit() error {
 			fs.rows = make(map[feed.Key]row)
 			fs.bySeq = make(map[feed.Seq]feed.Key)
 			fs.order = nil
+			if !s.faults.resetKeepsUnsealed {
+				clear(fs.pending)
+			}
 			fs.generation = tf.generation
 		}
 		for i, r := range tf.writes {
 			fs.put(tf.keys[i], r)
 		}
+		for k, d := range tf.staged {
+			fs.pending[k] = d
+		}
 		if tf.head > fs.head {
 			fs.head = tf.head
+		}
+		if len(tf.staged) > 0 {
+			fs.recorded = true // no wake-up: a concurrent write notifies nobody
 		}
 		if len(tf.writes) > 0 || tf.reset {
 			fs.recorded = true
@@ -326,8 +414,25 @@ func (tx *Tx) Rollback() {
 }
 
 func (tx *Tx) release() {
+	s := tx.s
 	for _, f := range tx.order {
-		tx.s.unlockFeed(tx.locked[f].fs)
+		tf := tx.locked[f]
+		if tf.locked {
+			s.unlockFeed(tf.fs)
+		}
+		s.mu.Lock()
+		fs := tf.fs
+		delete(fs.sharers, tx)
+		if fs.excl == tx {
+			fs.excl = nil
+		}
+		for _, k := range tf.held {
+			if fs.holders[k] == tx {
+				delete(fs.holders, k)
+			}
+		}
+		fs.broadcast()
+		s.mu.Unlock()
 	}
 	tx.locked, tx.order = nil, nil
 }

@@ -230,6 +230,9 @@ func (s *Store) CollectTombstones(_ context.Context, f feed.FeedName) (int, erro
 	}
 	n := 0
 	for key, r := range fs.rows {
+		if _, unsealed := fs.pending[key]; unsealed && !s.faults.collectIgnoresPending {
+			continue // deleting the row would lose the unsealed put beside it
+		}
 		if r.doc == nil && r.seq <= upTo && !parked[key] {
 			fs.remove(key)
 			n++
@@ -269,7 +272,13 @@ func (s *Store) Describe(_ context.Context, f feed.FeedName) (feed.Description, 
 	if !fs.recorded && len(fs.sinks) == 0 {
 		return feed.Description{}, &feed.UnknownFeedError{Feed: f}
 	}
-	d := feed.Description{Feed: f, Generation: fs.generation, Head: fs.head}
+	d := feed.Description{Feed: f, Generation: fs.generation, Head: fs.head, Mode: feed.WriteLocked, Unsealed: int64(len(fs.pending))}
+	if fs.mode != "" {
+		d.Mode = fs.mode
+	}
+	if fs.sealer != "" {
+		d.Sealer = &feed.LeaseState{Holder: fs.sealer, ExpiresAt: fs.sealerExpires}
+	}
 	for _, name := range slices.Sorted(maps.Keys(fs.sinks)) {
 		st := fs.sinks[name]
 		ss := feed.SinkState{

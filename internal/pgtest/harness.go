@@ -28,6 +28,8 @@ func Harness(s *pgfeed.Store, pool *pgxpool.Pool) feedtest.StoreHarness {
 			})
 			return g, err
 		},
+		SetMode: s.SetWriteMode,
+		Seal:    s.SealRound,
 	}
 }
 
