@@ -85,7 +85,12 @@ func (o SealerOptions) resolve() (SealerOptions, error) {
 // never-written feed's, when absent), which waits for every open writer of
 // either mode and holds back every new one until it commits. Moving to the locked mode first seals
 // every unsealed row, so the locked mode never meets one. Processes that
-// cached the old mode find out at their next write (see Write).
+// cached the old mode find out at their next write (see Write). A sealer
+// already running for f (RunSealer, which a syncer.Runner or kairos run
+// starts) reads the mode of a locked feed only every
+// SealerOptions.ModeCheck, so the first writes after a switch to the
+// concurrent mode may wait that long to be sealed: switch before starting
+// the daemons, or lower ModeCheck where a switch must take effect at once.
 //
 // Switch a feed to the concurrent mode only once every process that writes
 // to it, reads it or collects its tombstones runs a build that knows the
