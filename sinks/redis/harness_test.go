@@ -189,8 +189,21 @@ func (tg *target) fault(t testing.TB) (restore func()) {
 	tg.down.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := tg.killSink(ctx); err != nil {
-		t.Fatalf("killing the sink's connections: %v", err)
+	// A connection dialled just before the fault may still be in its
+	// handshake, not yet named, when the first CLIENT LIST runs, and would
+	// survive one kill (a CI run once saw Apply succeed under the fault):
+	// kill until three lists in a row, 30 ms apart, find none left.
+	for quiet := 0; quiet < 3; {
+		n, err := tg.killSink(ctx)
+		if err != nil {
+			t.Fatalf("killing the sink's connections: %v", err)
+		}
+		if n == 0 {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		time.Sleep(30 * time.Millisecond)
 	}
 	return func() {
 		tg.down.Store(false)
