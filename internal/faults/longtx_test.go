@@ -124,6 +124,15 @@ func longTransaction(t *testing.T, mode feed.WriteMode) {
 		if late && before == 0 {
 			t.Errorf("late: no short writer committed while the long transaction was open; the fault did not happen")
 		}
+		if mode == feed.WriteConcurrent {
+			// The long writer's rows wait for the sealer after it commits:
+			// caught up means caught up with them too, or the sinks are
+			// compared with a feed that has yet to seal them.
+			eventually(t, "sealed", 30*time.Second, func() bool {
+				d, err := e.store.Describe(e.ctx, e.feed)
+				return err == nil && d.Unsealed == 0
+			})
+		}
 		eventually(t, "caught up", 30*time.Second, e.caughtUp(sinks...))
 		e.checkSinks(t, targets...)
 	}
