@@ -741,7 +741,6 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 		after     feed.Seq
 		refused   = map[feed.Key]feed.ParkedRecord{}
 		taken     int64    // records the target took, for State.RecordsApplied
-		sent      bool     // the target was sent a record, so it has its floor
 		head      feed.Seq // the head the last read saw, in its batch's snapshot
 	)
 	now := w.opts.Clock.Now()
@@ -806,7 +805,6 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 					delete(refused, rec.Key) // a newer version was taken
 				}
 			}
-			sent = true
 			after = batch.Records[n-1].Seq
 			taken += int64(n - len(r))
 			s.prog.rows += int64(n - len(r))
@@ -819,8 +817,9 @@ func (s *session) resyncOnce(ctx context.Context) (err error) {
 			break // nothing above the last seq read in this batch's snapshot
 		}
 	}
-	if fs, ok := target.(feed.FloorSetter); ok && !sent {
-		// A copy sent no record has no first batch to take its floor from;
+	if fs, ok := target.(feed.FloorSetter); ok && after == 0 {
+		// A copy sent no record (after is still 0: seqs start at 1) has no
+		// first batch to take its floor from;
 		// head+1 is above every seq handed out so far and below every later
 		// one (feed.FloorSetter). A copy that was sent records keeps its
 		// first batch's floor.
