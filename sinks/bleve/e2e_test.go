@@ -11,12 +11,10 @@ import (
 	"time"
 
 	"github.com/blevesearch/bleve/v2"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
-	"github.com/kairos-es/kairos/pgfeed"
 	kbleve "github.com/kairos-es/kairos/sinks/bleve"
 	"github.com/kairos-es/kairos/syncer"
 )
@@ -58,16 +56,16 @@ func (wr *watchedResync) Publish(ctx context.Context) error {
 	return wr.ResyncTarget.Publish(ctx)
 }
 
-// TestEndToEnd: pgfeed → syncer.Runner → the bleve sink: 10k changes with
-// deletes and a rebuild mid-stream, while searchers query without a pause.
-// The index ends with exactly the feed's live documents, read back through
-// the Searcher; no search failed or landed on an index before its publish;
-// and a stale call afterwards changes nothing.
+// TestEndToEnd runs the shared end-to-end scenario (pgtest.Mirror: 10,000
+// changes with deletes, a rebuild half way) into the bleve sink, while
+// searchers query without a pause. The index ends with exactly the feed's
+// live documents, read back through the Searcher; no search failed or landed
+// on an index before its publish; and a stale call afterwards changes
+// nothing.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	store, fpool := pgtest.FeedStore(t, ctx, pgfeed.Options{})
 
 	dir := t.TempDir()
 	sink := &watched{Sink: newSink(t, kbleve.Options{Dir: dir}), published: map[string]bool{}}
@@ -122,85 +120,15 @@ func TestEndToEnd(t *testing.T) {
 	stopSearching := func() { searchOnce.Do(func() { close(stop); wg.Wait() }) }
 	defer stopSearching()
 
-	const f = feed.FeedName("orders")
-	runner, err := syncer.NewRunner(store, []syncer.Target{{ID: feed.SinkID{Feed: f, Sink: "search"}, Sink: sink}}, syncer.Options{
-		BatchSize: 500, PollInterval: 50 * time.Millisecond, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler),
+	m := pgtest.Mirror(t, ctx, sink, pgtest.Scenario{
+		Sink: "search",
+		Seed: 12,
+		Doc: func(rng *rand.Rand, n int) json.RawMessage {
+			return json.RawMessage(fmt.Sprintf(`{"n":%d,"note":"v%d ü","tags":["a","b"]}`, rng.Int64(), n))
+		},
+		Options: syncer.Options{Logger: slog.New(slog.DiscardHandler)},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stopRunner := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runner.Run(runCtx) }()
-	var stopOnce sync.Once
-	stopRunning := func() { stopOnce.Do(func() { stopRunner(); <-done }) }
-	defer stopRunning()
-
-	rng := rand.New(rand.NewPCG(12, 0))
-	live := map[feed.Key]json.RawMessage{}
-	written := 0
-	write := func(changes []feed.Change) {
-		t.Helper()
-		if _, err := store.WriteCommitted(ctx, f, changes); err != nil {
-			t.Fatalf("WriteCommitted: %v", err)
-		}
-		written += len(changes)
-	}
-	round := func() {
-		changes := make([]feed.Change, 0, 100)
-		seen := map[feed.Key]bool{}
-		for len(changes) < 100 {
-			k := feed.Key(fmt.Sprintf("order/%04d", rng.IntN(1500)))
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
-			if _, ok := live[k]; ok && rng.IntN(4) == 0 {
-				delete(live, k)
-				changes = append(changes, feed.Delete(k))
-				continue
-			}
-			d := json.RawMessage(fmt.Sprintf(`{"n":%d,"note":"v%d ü","tags":["a","b"]}`, rng.Int64(), written))
-			live[k] = d
-			changes = append(changes, feed.Put(k, d))
-		}
-		write(changes)
-	}
-	for range 40 {
-		round()
-	}
-	// The first resync done, so the rebuild below makes a second one.
-	if _, err := runner.WaitCaughtUp(ctx); err != nil {
-		t.Fatalf("WaitCaughtUp: %v", err)
-	}
-	// A rebuild: the feed moves to a new generation, emptied, and the
-	// application writes its live documents again.
-	if err := pgx.BeginFunc(ctx, fpool, func(tx pgx.Tx) error { _, err := store.ResetTx(ctx, tx, f); return err }); err != nil {
-		t.Fatalf("ResetTx: %v", err)
-	}
-	var all []feed.Change
-	for k, d := range live {
-		all = append(all, feed.Put(k, d))
-	}
-	for len(all) > 0 {
-		n := min(len(all), 100)
-		write(all[:n])
-		all = all[n:]
-	}
-	for written < 10_000 {
-		round()
-	}
-	res, err := runner.WaitCaughtUp(ctx)
-	if err != nil {
-		t.Fatalf("WaitCaughtUp: %v", err)
-	}
-	if len(res[0].Parked) != 0 {
-		t.Errorf("parked: %+v", res[0].Parked)
-	}
-	if st := runner.States()[0]; st.Resyncs < 2 {
-		t.Errorf("state %+v: want two resyncs (the first, the rebuild's)", st)
-	}
+	live := m.Live
 
 	wantLive := func(what string) {
 		t.Helper()
@@ -208,13 +136,8 @@ func TestEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(got) != len(live) {
-			t.Errorf("%s: the index holds %d documents, the feed %d", what, len(got), len(live))
-		}
+		pgtest.CheckDocs(t, what+": the index", got, live)
 		for k, d := range live {
-			if !feedtest.JSONEqual(got[k], d) {
-				t.Errorf("%s: %s: the index holds %s, the feed %s", what, k, got[k], d)
-			}
 			if doc, ok, err := sr.Document(ctx, k); err != nil || !ok || !feedtest.JSONEqual(doc, d) {
 				t.Errorf("%s: Document(%s) = %s, %v, %v; want %s", what, k, doc, ok, err, d)
 			}
@@ -224,15 +147,14 @@ func TestEndToEnd(t *testing.T) {
 
 	// A stale call, as a worker that lost its lease would make: older
 	// versions of every key, live or deleted, tombstones among them.
-	stopRunning()
+	m.Stop()
 	var stale []feed.Record
-	for i := range 1500 {
-		k := feed.Key(fmt.Sprintf("order/%04d", i))
+	for i, r := range m.Records {
 		var d json.RawMessage
 		if i%3 != 0 {
 			d = json.RawMessage(`{"stale":true}`)
 		}
-		stale = append(stale, feed.Record{Key: k, Seq: feed.Seq(i + 1), Doc: d})
+		stale = append(stale, feed.Record{Key: r.Key, Seq: r.Seq - 1, Doc: d})
 	}
 	if rej, err := sink.Apply(ctx, stale); err != nil || len(rej) != 0 {
 		t.Fatalf("the stale call: Apply = %d rejections, %v", len(rej), err)
@@ -248,5 +170,5 @@ func TestEndToEnd(t *testing.T) {
 	if searches == 0 {
 		t.Error("no search ran")
 	}
-	t.Logf("%d changes, %d resyncs published, %d searches meanwhile", written, sink.resyncs, searches)
+	t.Logf("%d changes, %d resyncs published, %d searches meanwhile", m.Written, sink.resyncs, searches)
 }

@@ -2,22 +2,13 @@ package pgtable_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kairos-es/kairos/feed"
-	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
-	"github.com/kairos-es/kairos/pgfeed"
 	"github.com/kairos-es/kairos/sinks/pgtable"
-	"github.com/kairos-es/kairos/syncer"
 )
 
 // recorded wraps the sink so that every table that serves or will serve
@@ -68,18 +59,16 @@ func (rr *recordedResync) Publish(ctx context.Context) error {
 	return nil
 }
 
-// TestEndToEnd: pgfeed → syncer.Runner → pgtable, in two databases' worth of
-// pools: 10k changes with deletes, a rebuild mid-stream and an outage of the
-// target in the middle. The table ends with exactly the feed's live
-// documents, and the trigger's log shows no key of a served table ever going
-// back to an older seq.
+// TestEndToEnd runs the shared end-to-end scenario (pgtest.Mirror: 10,000
+// changes with deletes, a rebuild half way) into this sink, the feed and the
+// target on pools of their own, with an outage of the target after the
+// rebuild. The table ends with exactly the feed's live documents, and the
+// trigger's log shows no key of a served table ever going back to an older
+// seq.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-
-	// The feed, in a schema and on a pool of its own.
-	store, fpool := pgtest.FeedStore(t, ctx, pgfeed.Options{})
 
 	// The target, with its recording trigger.
 	tg := newTarget(t)
@@ -90,120 +79,15 @@ func TestEndToEnd(t *testing.T) {
 	sink.attach(sink.Table())
 	sink.markLive()
 
-	const f = feed.FeedName("orders")
-	runner, err := syncer.NewRunner(store, []syncer.Target{{ID: feed.SinkID{Feed: f, Sink: "table"}, Sink: sink}}, syncer.Options{
-		BatchSize: 500, PollInterval: 50 * time.Millisecond, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runner.Run(runCtx) }()
-	defer func() { stop(); <-done }()
-
-	rng := rand.New(rand.NewPCG(11, 0))
-	live := map[feed.Key]json.RawMessage{}
-	written := 0
-	write := func(changes []feed.Change) {
-		t.Helper()
-		if _, err := store.WriteCommitted(ctx, f, changes); err != nil {
-			t.Fatalf("WriteCommitted: %v", err)
-		}
-		written += len(changes)
-	}
-	round := func() {
-		changes := make([]feed.Change, 0, 100)
-		seen := map[feed.Key]bool{}
-		for len(changes) < 100 {
-			k := feed.Key(fmt.Sprintf("order/%04d", rng.IntN(1500)))
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
-			if _, ok := live[k]; ok && rng.IntN(4) == 0 {
-				delete(live, k)
-				changes = append(changes, feed.Delete(k))
-				continue
-			}
-			d := json.RawMessage(fmt.Sprintf(`{"n":%d,"note":"v%d ü"}`, rng.Int64(), written))
-			live[k] = d
-			changes = append(changes, feed.Put(k, d))
-		}
-		write(changes)
-	}
-	for range 40 {
-		round()
-	}
-	// The first resync publishes before the rebuild, so the rebuild's is a
-	// second one: on a loaded machine the rebuild could otherwise land while
-	// the first still fills, which then restarts in the new generation and
-	// counts once.
-	if _, err := runner.WaitCaughtUp(ctx); err != nil {
-		t.Fatalf("WaitCaughtUp before the rebuild: %v", err)
-	}
-	// A rebuild: the feed moves to a new generation, emptied, and the
-	// application writes its live documents again.
-	if err := pgx.BeginFunc(ctx, fpool, func(tx pgx.Tx) error { _, err := store.ResetTx(ctx, tx, f); return err }); err != nil {
-		t.Fatalf("ResetTx: %v", err)
-	}
-	var all []feed.Change
-	for k, d := range live {
-		all = append(all, feed.Put(k, d))
-	}
-	for len(all) > 0 {
-		n := min(len(all), 100)
-		write(all[:n])
-		all = all[n:]
-	}
-	for range 10 {
-		round()
-	}
-	// An outage of the target while the resync and the writes go on.
-	restore := tg.fault(t)
-	for range 20 {
-		round()
-	}
-	// The worker meets the outage before it ends.
-	for st := runner.States()[0]; st.LastError == nil; st = runner.States()[0] {
-		if ctx.Err() != nil {
-			t.Fatal("the worker never met the outage")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	restore()
-	for written < 10_000 {
-		round()
-	}
-	res, err := runner.WaitCaughtUp(ctx)
-	if err != nil {
-		t.Fatalf("WaitCaughtUp: %v", err)
-	}
-	if len(res[0].Parked) != 0 {
-		t.Errorf("parked: %+v", res[0].Parked)
-	}
-
-	if st := runner.States()[0]; st.Resyncs < 2 || st.RecoveredAt.IsZero() {
-		t.Errorf("state %+v: want two resyncs (the first, the rebuild's) and a recovery from the outage", st)
-	} else {
-		t.Logf("the outage: %v", st.LastError)
-	}
+	m := pgtest.Mirror(t, ctx, sink, pgtest.Scenario{Sink: "table", Seed: 11, Fault: func() func() { return tg.fault(t) }})
 	got, err := tg.contents(ctx, "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != len(live) {
-		t.Errorf("the table holds %d documents, the feed %d", len(got), len(live))
-	}
-	for k, d := range live {
-		if !feedtest.JSONEqual(got[k], d) {
-			t.Errorf("%s: the table holds %s, the feed %s", k, got[k], d)
-		}
-	}
+	pgtest.CheckDocs(t, "the table", got, m.Live)
 	var mapped int
-	if err := tg.read.QueryRow(ctx, `SELECT count(*) FROM `+sink.Table()+` WHERE doc IS NOT NULL AND n = (doc->>'n')::bigint`).Scan(&mapped); err != nil || mapped != len(live) {
-		t.Errorf("rows whose mapped column matches the document: %d of %d (%v)", mapped, len(live), err)
+	if err := tg.read.QueryRow(ctx, `SELECT count(*) FROM `+sink.Table()+` WHERE doc IS NOT NULL AND n = (doc->>'n')::bigint`).Scan(&mapped); err != nil || mapped != len(m.Live) {
+		t.Errorf("rows whose mapped column matches the document: %d of %d (%v)", mapped, len(m.Live), err)
 	}
 
 	// The log: every write to a table that served readers, in order.
@@ -240,5 +124,5 @@ func TestEndToEnd(t *testing.T) {
 	if back > 0 {
 		t.Errorf("%d writes of %d took a key back to an older seq", back, writes)
 	}
-	t.Logf("%d changes, %d writes to served tables, %d tables published", written, writes, len(published))
+	t.Logf("%d changes, %d writes to served tables, %d tables published", m.Written, writes, len(published))
 }

@@ -5,34 +5,29 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
-	"github.com/kairos-es/kairos/pgfeed"
 	"github.com/kairos-es/kairos/sinks/redis"
-	"github.com/kairos-es/kairos/syncer"
 )
 
-// TestEndToEnd: pgfeed → syncer.Runner → the Redis sink: 10k changes with
-// deletes, a rebuild mid-stream, and the sink's connections killed again
-// and again (CLIENT KILL ID, by the name Open gave them) while it works.
-// The kills are sink errors the worker retries: nothing is parked, and the
-// live copy, read back through the Reader, ends with exactly the feed's
-// live documents, every retired copy collected.
+// TestEndToEnd runs the shared end-to-end scenario (pgtest.Mirror: 10,000
+// changes with deletes, a rebuild half way) into the Redis sink, its
+// connections killed again and again after the rebuild (CLIENT KILL ID, by
+// the name Open gave them) while it works. The kills are sink errors the
+// worker retries: nothing is parked, and the live copy, read back through
+// the Reader, ends with exactly the feed's live documents, every retired
+// copy collected.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	store, fpool := pgtest.FeedStore(t, ctx, pgfeed.Options{})
 	tg := newTarget(t)
 	sink, err := redis.Open(ctx, "redis://"+addr()+"/0", redis.Options{Prefix: tg.prefix, ClientName: tg.name})
 	if err != nil {
@@ -40,53 +35,8 @@ func TestEndToEnd(t *testing.T) {
 	}
 	defer sink.Close()
 
-	const f = feed.FeedName("orders")
-	runner, err := syncer.NewRunner(store, []syncer.Target{{ID: feed.SinkID{Feed: f, Sink: "cache"}, Sink: sink}}, syncer.Options{
-		BatchSize: 500, PollInterval: 50 * time.Millisecond, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runner.Run(runCtx) }()
-	defer func() { stop(); <-done }()
-
-	rng := rand.New(rand.NewPCG(12, 0))
-	live := map[feed.Key]json.RawMessage{}
-	touched := map[feed.Key]bool{}
-	written := 0
-	write := func(changes []feed.Change) {
-		t.Helper()
-		if _, err := store.WriteCommitted(ctx, f, changes); err != nil {
-			t.Fatalf("WriteCommitted: %v", err)
-		}
-		written += len(changes)
-	}
-	round := func() {
-		changes := make([]feed.Change, 0, 100)
-		seen := map[feed.Key]bool{}
-		for len(changes) < 100 {
-			k := feed.Key(fmt.Sprintf("order/%04d {%d}", rng.IntN(1500), rng.IntN(3)))
-			if seen[k] {
-				continue
-			}
-			seen[k], touched[k] = true, true
-			if _, ok := live[k]; ok && rng.IntN(4) == 0 {
-				delete(live, k)
-				changes = append(changes, feed.Delete(k))
-				continue
-			}
-			d := json.RawMessage(fmt.Sprintf(`{"n":%d,"note":"v%d ü","pad":"%s"}`, rng.Int64(), written, strings.Repeat("p", 200)))
-			live[k] = d
-			changes = append(changes, feed.Put(k, d))
-		}
-		write(changes)
-	}
-
-	// A killer ends the sink's connections every few milliseconds while
-	// it runs.
+	// The outage: a killer ends the sink's connections every few
+	// milliseconds for two seconds.
 	var kills atomic.Int64
 	killing := func(d time.Duration) {
 		end := time.Now().Add(d)
@@ -100,58 +50,29 @@ func TestEndToEnd(t *testing.T) {
 			time.Sleep(3 * time.Millisecond)
 		}
 	}
-
-	for range 40 {
-		round()
-	}
-	// The first resync publishes before the rebuild, so the rebuild's is a
-	// second one (a rebuild landing mid-fill restarts it and counts once).
-	if _, err := runner.WaitCaughtUp(ctx); err != nil {
-		t.Fatalf("WaitCaughtUp before the rebuild: %v", err)
-	}
-	if err := pgx.BeginFunc(ctx, fpool, func(tx pgx.Tx) error { _, err := store.ResetTx(ctx, tx, f); return err }); err != nil {
-		t.Fatalf("ResetTx: %v", err)
-	}
-	var all []feed.Change
-	for k, d := range live {
-		all = append(all, feed.Put(k, d))
-	}
-	for len(all) > 0 {
-		n := min(len(all), 100)
-		write(all[:n])
-		all = all[n:]
-	}
-	killDone := make(chan struct{})
-	go func() { defer close(killDone); killing(2 * time.Second) }()
-	for range 30 {
-		round()
-	}
-	<-killDone
-	for written < 10_000 {
-		round()
-	}
-	res, err := runner.WaitCaughtUp(ctx)
-	if err != nil {
-		t.Fatalf("WaitCaughtUp: %v", err)
-	}
-	if len(res[0].Parked) != 0 {
-		t.Errorf("parked: %+v; a killed connection must park nothing", res[0].Parked)
-	}
-	st := runner.States()[0]
-	if st.Resyncs < 2 {
-		t.Errorf("state %+v: want two resyncs (the first, the rebuild's)", st)
-	}
-	if st.LastError == nil || !errors.Is(st.LastError, redis.ErrConnection) && !errors.Is(st.LastError, redis.ErrTimeout) {
+	m := pgtest.Mirror(t, ctx, sink, pgtest.Scenario{
+		Sink: "cache",
+		Seed: 12,
+		Keys: 4500,
+		Key:  func(i int) feed.Key { return feed.Key(fmt.Sprintf("order/%04d {%d}", i/3, i%3)) },
+		Doc: func(rng *rand.Rand, n int) json.RawMessage {
+			return json.RawMessage(fmt.Sprintf(`{"n":%d,"note":"v%d ü","pad":"%s"}`, rng.Int64(), n, strings.Repeat("p", 200)))
+		},
+		Fault: func() func() {
+			killDone := make(chan struct{})
+			go func() { defer close(killDone); killing(2 * time.Second) }()
+			return func() { <-killDone }
+		},
+	})
+	live := m.Live
+	if st := m.State; !errors.Is(st.LastError, redis.ErrConnection) && !errors.Is(st.LastError, redis.ErrTimeout) {
 		t.Errorf("the worker's last error: %v; want the killed connections' (%d kills)", st.LastError, kills.Load())
 	} else {
-		t.Logf("%d connections killed; the worker's last error: %v", kills.Load(), st.LastError)
+		t.Logf("%d connections killed", kills.Load())
 	}
 
 	// Read back through the Reader: every key the feed ever touched.
-	keys := make([]feed.Key, 0, len(touched))
-	for k := range touched {
-		keys = append(keys, k)
-	}
+	keys := m.Touched
 	got, err := tg.reader(t, "").MGet(ctx, keys...)
 	if err != nil {
 		t.Fatal(err)
@@ -196,5 +117,5 @@ func TestEndToEnd(t *testing.T) {
 			break
 		}
 	}
-	t.Logf("%d changes, %d keys, %d live", written, len(keys), len(live))
+	t.Logf("%d changes, %d keys, %d live", m.Written, len(keys), len(live))
 }

@@ -3,31 +3,25 @@ package webhook_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kairos-es/kairos/feed"
-	"github.com/kairos-es/kairos/feed/feedtest"
 	"github.com/kairos-es/kairos/internal/pgtest"
-	"github.com/kairos-es/kairos/pgfeed"
 	"github.com/kairos-es/kairos/syncer"
 )
 
-// TestEndToEnd runs pgfeed → syncer.Runner → webhook → receiver: 10k changes
-// with deletes, a rebuild mid-stream and then the receiver answering 503, then
-// dropping connections, for a while. The receiver's copy ends equal to the
-// feed's live documents, and no key was ever sent an older seq than one it
-// had been sent before.
+// TestEndToEnd runs the shared end-to-end scenario (pgtest.Mirror: 10,000
+// changes with deletes, a rebuild half way) through the webhook sink into a
+// receiver, which after the rebuild answers 503 for a while and then drops
+// connections for a while. The receiver's copy ends equal to the feed's live
+// documents, of the rebuild's generation, and no key was ever sent an older
+// seq than one it had been sent before.
 func TestEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	store, pool := pgtest.FeedStore(t, ctx, pgfeed.Options{})
-	h := pgtest.Harness(store, pool)
-
 	const f = feed.FeedName("e2e")
 	rc := newReceiver(t)
 	_, url := rc.serve(t)
@@ -38,17 +32,6 @@ func TestEndToEnd(t *testing.T) {
 	// delivery sent each key.
 	sent := map[feed.Key]feed.Seq{}
 	var wentBack []string
-	quiet := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
-	runner, err := syncer.NewRunner(store, []syncer.Target{{ID: feed.SinkID{Feed: f, Sink: "hook"}, Sink: sink}},
-		syncer.Options{BatchSize: 500, BackoffMin: 5 * time.Millisecond, BackoffMax: 50 * time.Millisecond, PollInterval: 200 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = runner.Run(rctx) }()
-	defer func() { stop(); <-done }()
-
 	rc.observe = func(d deliverySeen) {
 		if d.typ != "apply" {
 			return
@@ -69,83 +52,37 @@ func TestEndToEnd(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	rnd := rand.New(rand.NewPCG(1, 2))
-	const writes, per = 100, 100
-	for i := range writes {
-		switch i {
-		case 60:
+	m := pgtest.Mirror(t, ctx, sink, pgtest.Scenario{
+		Feed: f,
+		Sink: "hook",
+		Seed: 1,
+		Fault: func() func() {
 			rc.setFault(func(w http.ResponseWriter) bool {
 				faults.Add(1)
 				http.Error(w, "down", http.StatusServiceUnavailable)
 				return true
 			})
-		case 70:
-			waitFaults(5)
-			rc.setFault(func(w http.ResponseWriter) bool {
-				faults.Add(1)
-				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-					_ = conn.Close()
-				}
-				return true
-			})
-		case 80:
-			waitFaults(10)
-			rc.setFault(nil)
-		case 40:
-			if _, err := h.Rebuild(ctx, f); err != nil {
-				t.Fatal(err)
+			return func() {
+				waitFaults(5)
+				began := faults.Load()
+				rc.setFault(func(w http.ResponseWriter) bool {
+					faults.Add(1)
+					if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+						_ = conn.Close()
+					}
+					return true
+				})
+				waitFaults(began + 5)
+				rc.setFault(nil)
 			}
-		}
-		changes := make([]feed.Change, 0, per)
-		for j := range per {
-			k := feed.Key(fmt.Sprintf("key-%d", rnd.IntN(2000)))
-			if rnd.IntN(5) == 0 {
-				changes = append(changes, feed.Delete(k))
-			} else {
-				changes = append(changes, feed.Put(k, []byte(fmt.Sprintf(`{"w":%d,"j":%d}`, i, j))))
-			}
-		}
-		if _, err := h.Write(ctx, f, changes); err != nil {
-			t.Fatal(err)
-		}
-		if i%10 == 0 {
-			time.Sleep(20 * time.Millisecond) // let the worker interleave with the writer
-		}
+		},
+		Options: syncer.Options{BackoffMin: 5 * time.Millisecond, BackoffMax: 50 * time.Millisecond},
+	})
+	got, err := rc.contents(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
-	defer wcancel()
-	if _, err := runner.WaitCaughtUp(wctx); err != nil {
-		t.Fatalf("WaitCaughtUp: %v (state %+v)", err, runner.States())
-	}
-	want := map[feed.Key][]byte{}
-	for after := feed.Seq(0); ; {
-		b, err := store.ReadBatch(ctx, f, after, feed.BatchLimit{Records: 1000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range b.Records {
-			if r.Doc != nil {
-				want[r.Key] = r.Doc
-			}
-			after = r.Seq
-		}
-		if !b.More {
-			break
-		}
-	}
-	parked, err := store.ReadParked(ctx, feed.SinkID{Feed: f, Sink: "hook"})
-	if err != nil || len(parked) != 0 {
-		t.Errorf("%d parked (first %v), %v; the receiver rejects nothing, so nothing may be parked", len(parked), parked[:min(len(parked), 2)], err)
-	}
-	got, _ := rc.contents(ctx)
-	if len(got) != len(want) {
-		t.Errorf("the receiver holds %d documents, the feed %d", len(got), len(want))
-	}
-	for k, d := range want {
-		if !feedtest.JSONEqual(got[k], d) {
-			t.Errorf("%s: the receiver holds %s, the feed %s", k, got[k], d)
-		}
-	}
+	pgtest.CheckDocs(t, "the receiver", got, m.Live)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if len(wentBack) > 0 {
@@ -154,5 +91,5 @@ func TestEndToEnd(t *testing.T) {
 	if rc.gen < 2 {
 		t.Errorf("the receiver's copy is of generation %d; the rebuild's resync never published", rc.gen)
 	}
-	t.Logf("%d live documents, %d distinct deliveries, receiver at generation %d, %d deliveries met the outage", len(want), len(rc.ids), rc.gen, faults.Load())
+	t.Logf("%d live documents, %d distinct deliveries, receiver at generation %d, %d deliveries met the outage", len(m.Live), len(rc.ids), rc.gen, faults.Load())
 }
