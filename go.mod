@@ -20,6 +20,7 @@ require (
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1
 	go.etcd.io/bbolt v1.4.0
 	go.uber.org/goleak v1.3.0
+	golang.org/x/mod v0.43.0
 	pgregory.net/rapid v1.3.0
 )
 
