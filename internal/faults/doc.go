@@ -1,6 +1,7 @@
 // Package faults proves Kairos's guarantees under process and server
 // faults: workers frozen or killed, lock sessions ended, PostgreSQL
-// restarted, a transaction pooler in the way, a disk that fills up. It has
+// restarted, a transaction pooler in the way, a disk that fills up or turns
+// read-only. It has
 // no code of its own; its tests are the proof, and this comment says what
 // they check and how. Network faults (a proxy that stalls, cuts or slows
 // connections) live in the separate faults module.
@@ -58,10 +59,10 @@
 // The tests use the shared PostgreSQL, PgBouncer, MariaDB, Redis and NATS
 // JetStream of the other packages' tests (scripts/test starts them); Kafka
 // is kfake, franz-go's in-process cluster, started by the test that uses
-// it, since no Kafka broker can run here. Two need root: the private
-// PostgreSQL cluster of the restart test (initdb and pg_ctl as user
+// it, since no Kafka broker can run where they do. Two need root: the
+// private PostgreSQL cluster of the restart test (initdb and pg_ctl as user
 // postgres, on a spare port, in a directory of its own) and the tmpfs of
-// the disk test. Without root, or without a server, a test is skipped on a
+// the disk tests (mounted, shrunk, remounted read-only). Without root, or without a server, a test is skipped on a
 // laptop and fails in CI (CI set). The soak runs about half a minute by
 // default; KAIROS_SOAK=1 runs the long one (50000 changes), KAIROS_SOAK=<n>
 // runs n changes.

@@ -37,6 +37,10 @@ type target struct {
 	// file is the file sink's file: its own lines are a log of what reached
 	// it (checkFileLines). Empty for other sinks.
 	file string
+	// build, where set, makes a sink value of the target's own and its
+	// close, for a test that closes sinks before its end (the embedded
+	// sinks, whose open files keep a disk from going read-only).
+	build func() (feed.Sink, func(), error)
 }
 
 func randHex() string {
@@ -176,6 +180,13 @@ func fileTarget(t testing.TB, dir string) *target {
 	return &target{
 		file: path,
 		name: "export",
+		build: func() (feed.Sink, func(), error) {
+			s, err := file.New(file.Options{Path: path})
+			if err != nil {
+				return nil, nil, err
+			}
+			return s, func() { s.Close() }, nil
+		},
 		open: func(t testing.TB) feed.Sink {
 			s, err := file.New(file.Options{Path: path})
 			if err != nil {
@@ -208,8 +219,9 @@ func fileTarget(t testing.TB, dir string) *target {
 }
 
 // bleveTarget mirrors into an index in dir (a temporary one when empty).
-// The index is a single-process store: every worker of the test shares the
-// one sink value, as workers of one process do.
+// The index is a single-process store: open gives every worker of the test
+// the one sink value, as workers of one process share it; build makes a
+// value of its own, over the same open index while another is open.
 //
 // The probe reads two things the index holds for each key: the seq its
 // guard keeps (Searcher.Seqs, a deletion's included), and the seq of the
@@ -240,8 +252,14 @@ func bleveTarget(t testing.TB, ctx context.Context, dir string, keys func() []fe
 	return &target{
 		name: "search",
 		open: func(t testing.TB) feed.Sink { return &noting{Sink: open(t), vs: vs} },
+		build: func() (feed.Sink, func(), error) {
+			s, err := bleve.New(ctx, bleve.Options{Dir: dir})
+			if err != nil {
+				return nil, nil, err
+			}
+			return &noting{Sink: s, vs: vs}, func() { s.Close() }, nil
+		},
 		read: func(t testing.TB) map[feed.Key]json.RawMessage {
-			open(t)
 			sr, err := bleve.NewSearcher(dir)
 			if err != nil {
 				t.Fatalf("bleve.NewSearcher: %v", err)
