@@ -1,10 +1,9 @@
 // Package faults proves Kairos's guarantees under process and server
 // faults: workers frozen or killed, lock sessions ended, PostgreSQL
-// restarted, a transaction pooler in the way, a disk that fills up or turns
-// read-only. It has
-// no code of its own; its tests are the proof, and this comment says what
-// they check and how. Network faults (a proxy that stalls, cuts or slows
-// connections) live in the separate faults module.
+// restarted, a transaction pooler in the way, a disk that fills up or
+// turns read-only. It has no code of its own; its tests are the proof, and
+// this comment says what they check and how. Network faults (a proxy that
+// stalls, cuts or slows connections) live in the separate faults module.
 //
 // # Invariants
 //
