@@ -67,7 +67,7 @@ WHERE application_name = $1 AND pid IN (SELECT pid FROM pg_locks WHERE locktype 
 	eventually(t, "both sinks caught up", 60*time.Second, e.caughtUp("table", "export"))
 	e.checkSinks(t, targets...)
 	for i, r := range recs {
-		r.checkNoRegress(t)
+		r.checkNoRegress(t, targets[i].name)
 		late := 0
 		for _, c := range r.snapshot() {
 			if c.proc == "A" && c.start.After(at) {

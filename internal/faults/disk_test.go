@@ -1,12 +1,14 @@
 package faults_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,15 +58,13 @@ func used(t *testing.T, dir string) int64 {
 	return int64(st.Blocks-st.Bfree) * st.Bsize
 }
 
-// Fault 13. A file sink and a bleve index live on a tmpfs, which is then
-// shrunk (remount with a size) to about 256 KiB above what it holds, and
-// documents of 8 KiB are written: the sinks' calls fail with ENOSPC, the
-// worker keeps each cursor where it was and retries, nothing is parked, and
-// once the tmpfs is grown again both sinks catch up and hold exactly the
-// feed (I1), no key back in the file's lines (I2). A read-only remount is
-// not tried: the kernel refuses it while the sinks hold files open for
-// writing ("mount point is busy"), and a read-only bind mount over the
-// directory would hide it from new opens only.
+// Fault 13, a full disk. A file sink and a bleve index live on a tmpfs,
+// which is then shrunk (remount with a size) to about 256 KiB above what it
+// holds, and documents of 8 KiB are written: the sinks' calls fail with
+// ENOSPC, the worker keeps each cursor where it was and retries, nothing is
+// parked, and once the tmpfs is grown again both sinks catch up and hold
+// exactly the feed (I1), no key back in the file's lines nor in the seqs
+// read from the index (I2). A read-only disk is TestDiskReadOnly.
 func TestDiskFull(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -74,7 +74,7 @@ func TestDiskFull(t *testing.T) {
 	e.lease = feed.LeaseOptions{TTL: 10 * time.Second, Heartbeat: time.Second, Margin: 4 * time.Second}
 	dir, remount := tmpfs(t, "16m")
 	targets := []*target{fileTarget(t, filepath.Join(dir)), bleveTarget(t, e.ctx, filepath.Join(dir, "index"), e.allKeys)}
-	recs := []*recorder{newRecorder(targets[0].probe), newRecorder(nil)}
+	recs := []*recorder{newRecorder(targets[0].probe), newRecorder(targets[1].probe)}
 	sinks := []feed.SinkName{"export", "search"}
 	w := e.newWorker("A", false, targets, recs, syncer.Options{BatchSize: 100, MoveInterval: -1})
 	e.put(0, 200)
@@ -127,8 +127,186 @@ func TestDiskFull(t *testing.T) {
 		}
 	}
 	checkFileLines(t, filepath.Join(dir, "orders.jsonl"))
+	for i, r := range recs {
+		r.checkNoRegress(t, targets[i].name)
+	}
 	w.stop()
 	e.checkReleased(t, sinks...)
+}
+
+// Fault 13, a read-only disk. Linux refuses to remount a filesystem
+// read-only while a file on it is open for writing ("mount point is
+// busy"), and the sinks keep theirs open as long as they live; a read-only
+// bind mount over the directory would refuse new opens only, while the
+// sinks went on writing through the files they hold. So the disk turns
+// read-only as it does under a daemon that is stopped and started again:
+// worker A fills a file sink and a bleve index on a tmpfs, stops, and
+// closes both sinks, which lets go of every file; the tmpfs is remounted
+// read-only, more changes are written (new keys, new versions and
+// deletions), and worker B starts, as the restarted daemon would.
+//
+// On a read-only disk neither sink can even be built: file.New and
+// bleve.New fail with EROFS, taking their lock files. A daemon then fails
+// to start, and its service manager starts it again; here each of B's
+// sinks is built at its first call, and at each call after while building
+// fails (reopening), the same loop in process. So every call B makes is
+// an error wrapping EROFS, which the worker retries: both cursors stay
+// where A left them, and nothing is parked. Once the tmpfs is remounted
+// read-write the next build succeeds and both sinks catch up and hold
+// exactly the feed (I1), with no key back in the file's lines nor in the
+// seqs read from the index (I2). A sink that parked on EROFS would leave
+// the parked list non-empty; one that took EROFS for success would let
+// the cursor pass records it never wrote (checked while read-only) and
+// end without them (I1).
+func TestDiskReadOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dir, remount := tmpfs(t, "16m")
+	var mu sync.Mutex
+	var built []*reopening
+	reopenable := func(tg *target) *target {
+		c := *tg
+		c.open = func(t testing.TB) feed.Sink {
+			r := &reopening{build: tg.build}
+			t.Cleanup(r.close)
+			mu.Lock()
+			built = append(built, r)
+			mu.Unlock()
+			return r
+		}
+		return &c
+	}
+	targets := []*target{reopenable(fileTarget(t, dir)), reopenable(bleveTarget(t, e.ctx, filepath.Join(dir, "index"), e.allKeys))}
+	recs := []*recorder{newRecorder(targets[0].probe), newRecorder(targets[1].probe)}
+	sinks := []feed.SinkName{"export", "search"}
+	opts := syncer.Options{BatchSize: 100, MoveInterval: -1}
+	a := e.newWorker("A", false, targets, recs, opts)
+	e.put(0, 200)
+	eventually(t, "A caught up", 30*time.Second, e.caughtUp(sinks...))
+	a.stop()
+	mu.Lock()
+	for _, r := range built {
+		r.close()
+	}
+	built = nil
+	mu.Unlock()
+	before, err := e.store.Describe(e.ctx, e.feed)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	remount("ro")
+	e.put(150, 300)
+	e.write([]feed.Key{key(0), key(1), key(2), key(160)}, func(feed.Key) bool { return true })
+	b := e.newWorker("B", false, targets, recs, opts)
+	// Three failed builds of each sink (or, were the fault taken for
+	// success, both cursors at the head, which the checks below report).
+	eventually(t, "both sinks failing on the read-only disk", 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, r := range built {
+			if r.failures() >= 3 {
+				n++
+			}
+		}
+		return n == len(sinks) || e.caughtUp(sinks...)()
+	})
+	for _, s := range b.runner.States() {
+		if !errors.Is(s.LastError, syscall.EROFS) {
+			t.Errorf("read-only, %s: the worker's last error is %v; want one wrapping EROFS", s.ID.Sink, s.LastError)
+		} else {
+			t.Logf("read-only, %s: %v", s.ID.Sink, s.LastError)
+		}
+	}
+	after, err := e.store.Describe(e.ctx, e.feed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	was := map[feed.SinkName]feed.Cursor{}
+	for _, s := range before.Sinks {
+		was[s.Sink] = s.Cursor
+	}
+	for _, s := range after.Sinks {
+		if s.Cursor != was[s.Sink] {
+			t.Errorf("%s's cursor moved from %v to %v while its disk was read-only", s.Sink, was[s.Sink], s.Cursor)
+		}
+	}
+
+	began := time.Now()
+	remount("rw")
+	eventually(t, "caught up once the disk is writable", 60*time.Second, e.caughtUp(sinks...))
+	t.Logf("caught up %v after the disk came back", time.Since(began).Round(time.Millisecond))
+	e.checkSinks(t, targets...)
+	for _, s := range sinks {
+		if p := e.parked(s); len(p) > 0 {
+			t.Errorf("%s parked %d records for a read-only disk", s, len(p))
+		}
+	}
+	checkFileLines(t, filepath.Join(dir, "orders.jsonl"))
+	for i, r := range recs {
+		r.checkNoRegress(t, targets[i].name)
+	}
+	b.stop()
+	e.checkReleased(t, sinks...)
+}
+
+// reopening is a sink built at its first call, and again at each call
+// after while building fails, a build's error being the call's: in
+// process, a daemon whose start failed on a sink it could not build,
+// started again and again by its service manager.
+type reopening struct {
+	build func() (feed.Sink, func(), error)
+
+	mu    sync.Mutex
+	s     feed.Sink
+	done  func()
+	fails int
+}
+
+func (r *reopening) sink() (feed.Sink, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.s == nil {
+		s, done, err := r.build()
+		if err != nil {
+			r.fails++
+			return nil, err
+		}
+		r.s, r.done = s, done
+	}
+	return r.s, nil
+}
+
+func (r *reopening) failures() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.fails
+}
+
+func (r *reopening) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done != nil {
+		r.done()
+	}
+	r.s, r.done = nil, nil
+}
+
+func (r *reopening) Apply(ctx context.Context, recs []feed.Record) ([]feed.Rejection, error) {
+	s, err := r.sink()
+	if err != nil {
+		return nil, err
+	}
+	return s.Apply(ctx, recs)
+}
+
+func (r *reopening) OpenResync(ctx context.Context, g feed.Generation) (feed.ResyncTarget, error) {
+	s, err := r.sink()
+	if err != nil {
+		return nil, err
+	}
+	return s.OpenResync(ctx, g)
 }
 
 // bigDoc is d with 8 KiB more padding.

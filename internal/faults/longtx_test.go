@@ -153,7 +153,7 @@ func longTransaction(t *testing.T, mode feed.WriteMode) {
 		}
 	}
 	for i, r := range recs {
-		r.checkNoRegress(t)
+		r.checkNoRegress(t, targets[i].name)
 		sent := map[feed.Seq]bool{}
 		for _, c := range r.calls {
 			if c.err == nil {

@@ -102,8 +102,8 @@ func (r *recorder) note(proc string, got map[feed.Key]feed.Seq) {
 	}
 }
 
-// checkNoRegress fails t when a key ever went back (I2).
-func (r *recorder) checkNoRegress(t testing.TB) {
+// checkNoRegress fails t when a key ever went back (I2) in sink.
+func (r *recorder) checkNoRegress(t testing.TB, sink feed.SinkName) {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -113,10 +113,10 @@ func (r *recorder) checkNoRegress(t testing.TB) {
 		if n > 10 {
 			show = show[:10]
 		}
-		t.Errorf("I2: %d keys went back in the sink:\n  %s", n, strings.Join(show, "\n  "))
+		t.Errorf("I2: %d keys went back in %s:\n  %s", n, sink, strings.Join(show, "\n  "))
 	}
 	if r.probe != nil && len(r.seen) == 0 && len(r.calls) > 0 {
-		t.Errorf("I2: the probe never read a key: the check saw nothing")
+		t.Errorf("I2: the probe of %s never read a key: the check saw nothing", sink)
 	}
 }
 

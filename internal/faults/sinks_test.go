@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -36,6 +37,10 @@ type target struct {
 	// file is the file sink's file: its own lines are a log of what reached
 	// it (checkFileLines). Empty for other sinks.
 	file string
+	// build, where set, makes a sink value of the target's own and its
+	// close, for a test that closes sinks before its end (the embedded
+	// sinks, whose open files keep a disk from going read-only).
+	build func() (feed.Sink, func(), error)
 }
 
 func randHex() string {
@@ -175,6 +180,13 @@ func fileTarget(t testing.TB, dir string) *target {
 	return &target{
 		file: path,
 		name: "export",
+		build: func() (feed.Sink, func(), error) {
+			s, err := file.New(file.Options{Path: path})
+			if err != nil {
+				return nil, nil, err
+			}
+			return s, func() { s.Close() }, nil
+		},
 		open: func(t testing.TB) feed.Sink {
 			s, err := file.New(file.Options{Path: path})
 			if err != nil {
@@ -207,14 +219,25 @@ func fileTarget(t testing.TB, dir string) *target {
 }
 
 // bleveTarget mirrors into an index in dir (a temporary one when empty).
-// The index is a single-process store: every worker of the test shares the
-// one sink value, as workers of one process do.
+// The index is a single-process store: open gives every worker of the test
+// the one sink value, as workers of one process share it; build makes a
+// value of its own, over the same open index while another is open.
+//
+// The probe reads two things the index holds for each key: the seq its
+// guard keeps (Searcher.Seqs, a deletion's included), and the seq of the
+// document it serves, which the documents do not carry (they carry the
+// test's version "v"), so the target notes, for every record that reaches
+// the sink, which seq each key's version came with. A key's probed seq is
+// the lower of the two: the served document's seq and the guard's each only
+// ever rise, so their lower does too, and a stale document served, or a
+// guard taken back, makes it fall (I2).
 func bleveTarget(t testing.TB, ctx context.Context, dir string, keys func() []feed.Key) *target {
 	if dir == "" {
 		dir = t.TempDir()
 	}
 	var once sync.Once
 	var s *bleve.Sink
+	vs := &versionSeqs{m: map[feed.Key]map[int]feed.Seq{}}
 	open := func(t testing.TB) *bleve.Sink {
 		once.Do(func() {
 			var err error
@@ -228,9 +251,15 @@ func bleveTarget(t testing.TB, ctx context.Context, dir string, keys func() []fe
 	}
 	return &target{
 		name: "search",
-		open: func(t testing.TB) feed.Sink { return open(t) },
+		open: func(t testing.TB) feed.Sink { return &noting{Sink: open(t), vs: vs} },
+		build: func() (feed.Sink, func(), error) {
+			s, err := bleve.New(ctx, bleve.Options{Dir: dir})
+			if err != nil {
+				return nil, nil, err
+			}
+			return &noting{Sink: s, vs: vs}, func() { s.Close() }, nil
+		},
 		read: func(t testing.TB) map[feed.Key]json.RawMessage {
-			open(t)
 			sr, err := bleve.NewSearcher(dir)
 			if err != nil {
 				t.Fatalf("bleve.NewSearcher: %v", err)
@@ -251,7 +280,115 @@ func bleveTarget(t testing.TB, ctx context.Context, dir string, keys func() []fe
 			}
 			return m
 		},
+		probe: func(ctx context.Context, keys []feed.Key) (map[feed.Key]feed.Seq, error) {
+			sr, err := bleve.NewSearcher(dir)
+			if err != nil {
+				return nil, err
+			}
+			defer sr.Close()
+			m, err := sr.Seqs(ctx, keys...)
+			if err != nil {
+				return nil, err
+			}
+			for _, k := range keys {
+				d, ok, err := sr.Document(ctx, k)
+				if err != nil {
+					return nil, err
+				}
+				if !ok {
+					continue
+				}
+				q, err := vs.seq(k, d)
+				if err != nil {
+					return nil, err
+				}
+				if g, ok := m[k]; !ok || q < g {
+					m[k] = q
+				}
+			}
+			return m, nil
+		},
 	}
+}
+
+// versionSeqs is which seq each version of each key was sent with, as
+// noting saw them: the test's versions are unique per key, so the version
+// a document carries names the one record it came from.
+type versionSeqs struct {
+	mu sync.Mutex
+	m  map[feed.Key]map[int]feed.Seq
+}
+
+func (vs *versionSeqs) note(recs []feed.Record) {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	for _, r := range recs {
+		if r.Deleted() {
+			continue
+		}
+		var d struct{ V int }
+		if json.Unmarshal(r.Doc, &d) != nil {
+			continue
+		}
+		if vs.m[r.Key] == nil {
+			vs.m[r.Key] = map[int]feed.Seq{}
+		}
+		vs.m[r.Key][d.V] = r.Seq
+	}
+}
+
+// seq is the seq the version doc carries was sent with.
+func (vs *versionSeqs) seq(k feed.Key, doc json.RawMessage) (feed.Seq, error) {
+	var d struct{ V int }
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return 0, fmt.Errorf("%s's document: %w", k, err)
+	}
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	q, ok := vs.m[k][d.V]
+	if !ok {
+		return 0, fmt.Errorf("%s is served at version %d, which no record sent", k, d.V)
+	}
+	return q, nil
+}
+
+// noting is a sink that notes the version and seq of every record sent
+// to it, its resync copies' included, before passing it on.
+type noting struct {
+	feed.Sink
+	vs *versionSeqs
+}
+
+func (n *noting) Apply(ctx context.Context, recs []feed.Record) ([]feed.Rejection, error) {
+	n.vs.note(recs)
+	return n.Sink.Apply(ctx, recs)
+}
+
+func (n *noting) OpenResync(ctx context.Context, g feed.Generation) (feed.ResyncTarget, error) {
+	rt, err := n.Sink.OpenResync(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	return &notingResync{ResyncTarget: rt, vs: n.vs}, nil
+}
+
+type notingResync struct {
+	feed.ResyncTarget
+	vs *versionSeqs
+}
+
+func (n *notingResync) Apply(ctx context.Context, recs []feed.Record) ([]feed.Rejection, error) {
+	n.vs.note(recs)
+	return n.ResyncTarget.Apply(ctx, recs)
+}
+
+// SetFloor passes the worker's floor on, so the wrapper hides nothing of
+// the copy (feed.FloorSetter).
+func (n *notingResync) SetFloor(ctx context.Context, floor feed.Seq) error {
+	if fs, ok := n.ResyncTarget.(feed.FloorSetter); ok {
+		return fs.SetFloor(ctx, floor)
+	}
+	return nil
 }
 
 // allKeys is every key the env ever wrote.

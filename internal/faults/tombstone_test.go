@@ -173,8 +173,8 @@ func TestTombstoneRaces(t *testing.T) {
 	if n, err := e.store.CollectTombstones(e.ctx, e.feed); err != nil || n == 0 || e.trace(bad2) {
 		t.Errorf("collecting once every sink passed bad2's tombstone: %d, %v; still there: %v", n, err, e.trace(bad2))
 	}
-	for _, r := range recs {
-		r.checkNoRegress(t)
+	for i, r := range recs {
+		r.checkNoRegress(t, targets[i].name)
 	}
 	w2.stop()
 	e.checkReleased(t, sinks...)

@@ -3,6 +3,7 @@ package bleve_test
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -222,6 +223,40 @@ func TestReopenFromDisk(t *testing.T) {
 	want := map[feed.Key]json.RawMessage{"a": json.RawMessage(`"a5"`), "b": json.RawMessage(`"b10"`)}
 	if len(got) != len(want) || !feedtest.JSONEqual(got["a"], want["a"]) || !feedtest.JSONEqual(got["b"], want["b"]) {
 		t.Errorf("after reopening and a stale batch: %s; want %s", show(got), show(want))
+	}
+}
+
+// TestSeqs: a Searcher reads the seq the guard holds per key, a deletion's
+// after its document is gone, unmoved by a stale record, and the new copy's
+// alone once a resync is published.
+func TestSeqs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := newSink(t, kbleve.Options{Dir: dir})
+	sr := newSearcher(t, dir)
+	applyOK(t, s, rec("a", 5, `"a5"`), rec("b", 6, `"b6"`), rec("gone", 7, `"g7"`))
+	applyOK(t, s, rec("gone", 8, ""), rec("a", 3, `"stale"`))
+	got, err := sr.Seqs(t.Context(), "a", "b", "gone", "never")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[feed.Key]feed.Seq{"a": 5, "b": 6, "gone": 8}; !maps.Equal(got, want) {
+		t.Errorf("Seqs = %v; want %v", got, want)
+	}
+	r, err := s.OpenResync(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyOK(t, r, rec("b", 10, `"b10"`))
+	if err := r.Publish(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	got, err = sr.Seqs(t.Context(), "a", "b", "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[feed.Key]feed.Seq{"b": 10}; !maps.Equal(got, want) {
+		t.Errorf("Seqs after a publish = %v; want %v", got, want)
 	}
 }
 

@@ -84,8 +84,9 @@
 // A Searcher shares its process's open directory with the sinks, so it
 // learns of a publish at once, in memory, without polling the pointer file:
 // each call takes the live index when it starts and keeps it to its end. It
-// runs bleve searches (Search; ask for SourceField to have hits' documents)
-// and reads a document back by key (Document).
+// runs bleve searches (Search; ask for SourceField to have hits' documents),
+// reads a document back by key (Document) and the seq the guard holds for
+// each key, a deleted one's included (Seqs).
 //
 // # Documents
 //

@@ -2,6 +2,7 @@ package bleve
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/blevesearch/bleve/v2"
 	index "github.com/blevesearch/bleve_index_api"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/kairos-es/kairos/feed"
 )
@@ -97,6 +99,37 @@ func (s *Searcher) Document(ctx context.Context, key feed.Key) (doc json.RawMess
 		return nil, false, fmt.Errorf("bleve: %q in %s has no %s field; the index was not written by this sink", key, ix.name, SourceField)
 	}
 	return doc, true, nil
+}
+
+// Seqs returns the seq the live index's guard holds for each of keys:
+// that of the key's document, or of its deletion for a key deleted since
+// (see "Writes and the seq guard" in the package doc). Keys the index never
+// took are left out. It is what a record must be at or above to change
+// the key, so it only ever rises, publishes aside: an auditor reads it to
+// check that no key went back, a consumer to tell which version it holds.
+func (s *Searcher) Seqs(ctx context.Context, keys ...feed.Key) (map[feed.Key]feed.Seq, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ix, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer s.r.put(ix)
+	out := make(map[feed.Key]feed.Seq, len(keys))
+	err = ix.seqs.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(seqsBucket)
+		for _, k := range keys {
+			if v := b.Get([]byte(k)); len(v) == 8 {
+				out[k] = feed.Seq(binary.BigEndian.Uint64(v))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bleve: reading the seqs of %s: %w", ix.name, err)
+	}
+	return out, nil
 }
 
 // DocCount is the number of documents the live index holds.

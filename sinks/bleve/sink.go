@@ -272,12 +272,13 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 	if batch.Size() == 0 && !setFloor {
 		return rejected, nil
 	}
+	// bolt keeps each value Put is given, not a copy, until the
+	// transaction commits: every value needs bytes of its own, or every
+	// key of the batch would be stored with the last seq written.
 	err = ix.seqs.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(seqsBucket)
-		var v [8]byte
 		if setFloor {
-			binary.BigEndian.PutUint64(v[:], uint64(floor))
-			if err := tx.Bucket(metaBucket).Put(floorKey, v[:]); err != nil {
+			if err := tx.Bucket(metaBucket).Put(floorKey, binary.BigEndian.AppendUint64(nil, uint64(floor))); err != nil {
 				return err
 			}
 		}
@@ -285,8 +286,7 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 			if !fresh[i] {
 				continue
 			}
-			binary.BigEndian.PutUint64(v[:], uint64(rec.Seq))
-			if err := b.Put([]byte(rec.Key), v[:]); err != nil {
+			if err := b.Put([]byte(rec.Key), binary.BigEndian.AppendUint64(nil, uint64(rec.Seq))); err != nil {
 				return err
 			}
 		}
