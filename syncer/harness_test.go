@@ -135,6 +135,15 @@ func forEachBackendBothModes(t *testing.T, scenario func(t *testing.T, e *env)) 
 	forEachBackend(t, scenario)
 }
 
+// forEachConcurrentBackend is forEachBackend over the backends of the
+// concurrent write mode alone, for a scenario about unsealed writes.
+func forEachConcurrentBackend(t *testing.T, scenario func(t *testing.T, e *env)) {
+	all := backends
+	backends = slices.Clone(concurrentBackends)
+	defer func() { backends = all }()
+	forEachBackend(t, scenario)
+}
+
 // forEachBackendRealTime runs scenario once per backend in real time, for
 // what fake time cannot measure (rates, latencies).
 func forEachBackendRealTime(t *testing.T, scenario func(t *testing.T, e *env)) {
@@ -171,8 +180,9 @@ func newEnv(t *testing.T, b backend) *env {
 		fakeNow: b.synctest,
 	}
 	if b.concurrent {
-		// Before any runner starts: a sealer that finds a feed locked
-		// looks again only after a long pause.
+		// Before any runner starts, so its sealer finds the mode at its
+		// first probe (a switch later would wake it too, where the store
+		// listens).
 		if err := h.SetMode(e.ctx, e.feed, feed.WriteConcurrent); err != nil {
 			t.Fatalf("SetMode: %v", err)
 		}
