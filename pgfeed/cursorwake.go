@@ -25,21 +25,22 @@ import (
 
 var _ feed.CursorWatcher = (*Store)(nil)
 
-// cursorWaiters are the listener's cursor-move subscriptions, by feed. The
-// listener's mu guards it.
-type cursorWaiters struct {
-	subs map[feed.FeedName]map[*cursorSub]struct{}
+// waiters are subscriptions of one kind by feed, signalled by the
+// listener: the cursor moves' (listener.cursors) and the mode switches'
+// (listener.modes). The listener's mu guards them.
+type waiters struct {
+	subs map[feed.FeedName]map[*waiterSub]struct{}
 }
 
-// signal wakes the cursor subscriptions of f.
-func (w *cursorWaiters) signal(f feed.FeedName) {
+// signal wakes the subscriptions of f.
+func (w *waiters) signal(f feed.FeedName) {
 	for sub := range w.subs[f] {
 		sub.signal()
 	}
 }
 
-// signalAll wakes every cursor subscription, when the session comes (back) up.
-func (w *cursorWaiters) signalAll() {
+// signalAll wakes every subscription, when the session comes (back) up.
+func (w *waiters) signalAll() {
 	for _, subs := range w.subs {
 		for sub := range subs {
 			sub.signal()
@@ -61,15 +62,20 @@ func (s *Store) SubscribeCursors(ctx context.Context, f feed.FeedName) (feed.Sub
 	if err != nil {
 		return nil, err
 	}
-	sub := &cursorSub{c: make(chan struct{}, 1), l: l, f: f}
-	err = l.register(ctx, "subscribing to the cursors of feed "+string(f), func() {
-		if l.cursors.subs == nil {
-			l.cursors.subs = make(map[feed.FeedName]map[*cursorSub]struct{})
+	return l.subscribeTo(ctx, "subscribing to the cursors of feed "+string(f), &l.cursors, f)
+}
+
+// subscribeTo registers a subscription of f in set, under register's rules.
+func (l *listener) subscribeTo(ctx context.Context, op string, set *waiters, f feed.FeedName) (feed.Subscription, error) {
+	sub := &waiterSub{c: make(chan struct{}, 1), l: l, set: set, f: f}
+	err := l.register(ctx, op, func() {
+		if set.subs == nil {
+			set.subs = make(map[feed.FeedName]map[*waiterSub]struct{})
 		}
-		if l.cursors.subs[f] == nil {
-			l.cursors.subs[f] = make(map[*cursorSub]struct{})
+		if set.subs[f] == nil {
+			set.subs[f] = make(map[*waiterSub]struct{})
 		}
-		l.cursors.subs[f][sub] = struct{}{}
+		set.subs[f][sub] = struct{}{}
 	})
 	if err != nil {
 		return nil, err
@@ -77,29 +83,30 @@ func (s *Store) SubscribeCursors(ctx context.Context, f feed.FeedName) (feed.Sub
 	return sub, nil
 }
 
-type cursorSub struct {
+type waiterSub struct {
 	c    chan struct{}
 	l    *listener
+	set  *waiters
 	f    feed.FeedName
 	once sync.Once
 }
 
-func (sub *cursorSub) C() <-chan struct{} { return sub.c }
+func (sub *waiterSub) C() <-chan struct{} { return sub.c }
 
-func (sub *cursorSub) signal() {
+func (sub *waiterSub) signal() {
 	select {
 	case sub.c <- struct{}{}:
 	default: // one signal already waits: wake-ups coalesce
 	}
 }
 
-func (sub *cursorSub) Close() {
+func (sub *waiterSub) Close() {
 	sub.once.Do(func() {
 		sub.l.mu.Lock()
 		defer sub.l.mu.Unlock()
-		delete(sub.l.cursors.subs[sub.f], sub)
-		if len(sub.l.cursors.subs[sub.f]) == 0 {
-			delete(sub.l.cursors.subs, sub.f)
+		delete(sub.set.subs[sub.f], sub)
+		if len(sub.set.subs[sub.f]) == 0 {
+			delete(sub.set.subs, sub.f)
 		}
 	})
 }

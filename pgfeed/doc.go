@@ -123,7 +123,12 @@
 // every request handler, where the locked mode caps the commit rate at a
 // fraction of the same transactions without the feed (README and
 // BENCHMARKS.md have the figures). Switch a feed only once every process
-// runs a build that knows the mode (SetWriteMode's doc says why).
+// runs a build that knows the mode (SetWriteMode's doc says why). A switch
+// may come while daemons run: it notifies a mode channel of its own (one
+// per schema and prefix) at its commit, and a running sealer of a feed it
+// found locked waits on that channel, so it seals the first concurrent
+// writes at once; modewake.go says why no switch is missed, and when the
+// sealer falls back to SealerOptions.ModeCheck.
 //
 // # Cursor moves
 //

@@ -46,8 +46,9 @@ type listener struct {
 	up      bool          // a session listens now
 	down    error         // why the last attempt or session ended; nil while up or before the first attempt ends
 	changed chan struct{} // closed, and replaced, whenever up or down changes
-	// cursors are the cursor-move subscriptions (cursorwake.go), guarded by mu.
-	cursors cursorWaiters
+	// cursors are the cursor-move subscriptions (cursorwake.go) and modes
+	// the mode-switch ones (modewake.go), guarded by mu.
+	cursors, modes waiters
 
 	warned bool // the pooler warning was logged; only run's goroutine uses it
 }
@@ -147,7 +148,7 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(sctx, "LISTEN "+pgschema.Quote(l.s.names.channel)+"; LISTEN "+pgschema.Quote(l.s.names.cursorChannel), pgx.QueryExecModeSimpleProtocol); err != nil {
+	if _, err := conn.Exec(sctx, "LISTEN "+pgschema.Quote(l.s.names.channel)+"; LISTEN "+pgschema.Quote(l.s.names.cursorChannel)+"; LISTEN "+pgschema.Quote(l.s.names.modeChannel), pgx.QueryExecModeSimpleProtocol); err != nil {
 		return false, setup(err)
 	}
 	// Behind a transaction pooler the LISTEN went to a server session the
@@ -169,6 +170,7 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 		}
 	}
 	l.cursors.signalAll()
+	l.modes.signalAll()
 	l.mu.Unlock()
 	for {
 		n, err := l.next(ctx, conn)
@@ -176,9 +178,12 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 			return true, err
 		}
 		l.mu.Lock()
-		if n.Channel == l.s.names.cursorChannel {
+		switch n.Channel {
+		case l.s.names.cursorChannel:
 			l.cursors.signal(feed.FeedName(n.Payload))
-		} else {
+		case l.s.names.modeChannel:
+			l.modes.signal(feed.FeedName(n.Payload))
+		default:
 			for sub := range l.subs[feed.FeedName(n.Payload)] {
 				sub.signal()
 			}

@@ -117,6 +117,11 @@ type names struct {
 	// schema and prefix, the payload the feed's name; a channel of its own,
 	// so that cursor moves never wake a worker waiting for commits.
 	cursorChannel string
+	// modeChannel is the NOTIFY channel of every write-mode switch under
+	// this schema and prefix (SetWriteMode), the payload the feed's name; a
+	// channel of its own, so that a sealer waiting on a locked feed is not
+	// woken by that feed's every commit.
+	modeChannel string
 }
 
 // resolveNames validates schema and prefix (empty means default) and builds
@@ -137,5 +142,6 @@ func resolveNames(schema, prefix string) (names, error) {
 		sealers:       t("sealers"),
 		channel:       fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
 		cursorChannel: fmt.Sprintf("kairos_cursor_%016x", uint64(lockKey("cursor", schema, prefix))),
+		modeChannel:   fmt.Sprintf("kairos_mode_%016x", uint64(lockKey("mode", schema, prefix))),
 	}, nil
 }

@@ -25,7 +25,8 @@ const (
 	// pause), and the longest a first write after an idle spell waits.
 	DefaultSealMaxPoll = 100 * time.Millisecond
 	// DefaultSealModeCheck is how often a sealer of a feed in the locked
-	// mode looks whether the feed has moved to the concurrent one.
+	// mode looks whether the feed has moved to the concurrent one, when no
+	// notification of the switch reaches it (see SetWriteMode).
 	DefaultSealModeCheck = 30 * time.Second
 )
 
@@ -44,8 +45,9 @@ type SealerOptions struct {
 	// not be below MinPoll. Defaults to DefaultSealMaxPoll.
 	MaxPoll time.Duration
 	// ModeCheck is how often a sealer of a feed in the locked mode reads
-	// the feed's mode again. Must not be negative. Defaults to
-	// DefaultSealModeCheck.
+	// the feed's mode again; a switch's notification cuts the wait short,
+	// so this bounds only a switch whose notification was lost. Must not be
+	// negative. Defaults to DefaultSealModeCheck.
 	ModeCheck time.Duration
 }
 
@@ -83,14 +85,17 @@ func (o SealerOptions) resolve() (SealerOptions, error) {
 // package doc's "Commit order" for when to choose which. It takes the feed's
 // write lock exclusive and its generations row FOR UPDATE (creating it, as a
 // never-written feed's, when absent), which waits for every open writer of
-// either mode and holds back every new one until it commits. Moving to the locked mode first seals
-// every unsealed row, so the locked mode never meets one. Processes that
-// cached the old mode find out at their next write (see Write). A sealer
-// already running for f (RunSealer, which a syncer.Runner or kairos run
-// starts) reads the mode of a locked feed only every
-// SealerOptions.ModeCheck, so the first writes after a switch to the
-// concurrent mode may wait that long to be sealed: switch before starting
-// the daemons, or lower ModeCheck where a switch must take effect at once.
+// either mode and holds back every new one until it commits. Moving to the
+// locked mode first seals every unsealed row, so the locked mode never
+// meets one. Processes that cached the old mode find out at their next
+// write (see Write). The switch notifies the store's mode channel at its
+// commit, which wakes every sealer of f already running (RunSealer, which
+// a syncer.Runner and kairos run start) in any process whose store listens:
+// the first writes after a switch to the concurrent mode are sealed as
+// promptly as any. A sealer the notification cannot reach (its store
+// listens through a transaction pooler, or not at all) reads the mode
+// every SealerOptions.ModeCheck instead; set Options.Listen to a direct
+// connection there, or lower ModeCheck.
 //
 // Switch a feed to the concurrent mode only once every process that writes
 // to it, reads it or collects its tombstones runs a build that knows the
@@ -136,7 +141,10 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 				return errors.New("unsealed rows are locked by another transaction")
 			}
 		}
-		_, err := tx.Exec(ctx, s.sql.updateMode, string(f), string(mode))
+		if _, err := tx.Exec(ctx, s.sql.updateMode, string(f), string(mode)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, s.sql.notifyMode, s.names.modeChannel, string(f))
 		return err
 	})
 	if err != nil {
@@ -211,7 +219,8 @@ func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName) (int64, 
 // lease row of its own, timed like a sink's lease rows, Options.Lease). Any
 // number of processes may run it for one feed: one holds the lease and
 // seals, the others wait to take over. While f is in the locked mode it
-// holds no lease and reads the mode every SealerOptions.ModeCheck. It
+// holds no lease and reads the mode again when a switch is notified
+// (SetWriteMode; modewake.go), or after SealerOptions.ModeCheck. It
 // returns nil when ctx ends; a fault is logged and retried after a pause,
 // never returned, so a database outage delays sealing and loses nothing
 // (the writes wait unsealed). syncer.Runner runs it for every feed of its
@@ -228,6 +237,8 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 		return err
 	}
 	o := s.sealer
+	modes := &modeWake{s: s, f: f}
+	defer modes.close()
 	var lease *leaserow.Lease
 	defer func() {
 		if lease != nil {
@@ -270,7 +281,7 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 				_ = lease.Release(ctx)
 				lease = nil
 			}
-			if !pause(o.ModeCheck) {
+			if !modes.wait(ctx, o.ModeCheck) {
 				return nil
 			}
 			continue

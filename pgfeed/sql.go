@@ -64,8 +64,9 @@ type statements struct {
 	takeSealer, renewSealer, clearSealer string
 	// setMode creates the generations row when absent; excludeWrite and
 	// lockReset then wait for every writer of either mode, and updateMode
-	// records the mode.
-	setMode, updateMode string
+	// records the mode; notifyMode, in the same transaction, tells every
+	// listening sealer of the switch at its commit.
+	setMode, updateMode, notifyMode string
 	// sealedRange reads, in one snapshot, the feed's generation and, over
 	// the given keys' rows, the lowest and highest seq and whether any still
 	// waits unsealed.
@@ -263,6 +264,7 @@ RETURNING 1`,
 		clearSealer: `UPDATE ` + sl + ` SET lease_holder = NULL, lease_expires_at = NULL WHERE feed = $1::text AND lease_holder = $2::text`,
 		setMode:     `INSERT INTO ` + g + ` (feed) VALUES ($1::text) ON CONFLICT (feed) DO NOTHING`,
 		updateMode:  `UPDATE ` + g + ` SET write_mode = $2::text WHERE feed = $1::text`,
+		notifyMode:  `SELECT pg_notify($1::text, $2::text)`,
 
 		sealedRange: `SELECT coalesce((SELECT generation FROM ` + g + ` WHERE feed = $1::text), 1),
 	min(seq), max(seq), coalesce(bool_or(pending), false)

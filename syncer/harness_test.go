@@ -127,12 +127,19 @@ func forEachBackend(t *testing.T, scenario func(t *testing.T, e *env)) {
 // modes. The scenarios that run it write through the store and run their
 // workers on a Runner over split, which runs the store's sealer. The others
 // run the locked mode only: most wrap the store in a fault or a spy with no
-// sealer, or count its calls; TestResyncUnderWrites needs a write in a sink
-// hook to be readable at its commit, which the concurrent mode gives up (it
-// is readable once sealed).
+// sealer, or count its calls.
 func forEachBackendBothModes(t *testing.T, scenario func(t *testing.T, e *env)) {
 	all := backends
 	backends = append(slices.Clip(backends), concurrentBackends...)
+	defer func() { backends = all }()
+	forEachBackend(t, scenario)
+}
+
+// forEachConcurrentBackend is forEachBackend over the backends of the
+// concurrent write mode alone, for a scenario about unsealed writes.
+func forEachConcurrentBackend(t *testing.T, scenario func(t *testing.T, e *env)) {
+	all := backends
+	backends = slices.Clone(concurrentBackends)
 	defer func() { backends = all }()
 	forEachBackend(t, scenario)
 }
@@ -173,8 +180,9 @@ func newEnv(t *testing.T, b backend) *env {
 		fakeNow: b.synctest,
 	}
 	if b.concurrent {
-		// Before any runner starts: a sealer that finds a feed locked
-		// looks again only after a long pause.
+		// Before any runner starts, so its sealer finds the mode at its
+		// first probe (a switch later would wake it too, where the store
+		// listens).
 		if err := h.SetMode(e.ctx, e.feed, feed.WriteConcurrent); err != nil {
 			t.Fatalf("SetMode: %v", err)
 		}
@@ -287,6 +295,26 @@ func (e *env) readLive() (map[feed.Key]json.RawMessage, feed.Batch, error) {
 		last = b
 		if len(b.Records) < feed.MaxBatchLimit {
 			return out, last, nil
+		}
+	}
+}
+
+// readRows reads every row of the feed, tombstones included (doc nil), by
+// key, with its seq, for a sink hook.
+func (e *env) readRows() (map[feed.Key]entry, error) {
+	out := map[feed.Key]entry{}
+	var after feed.Seq
+	for {
+		b, err := e.h.Reader.ReadBatch(context.WithoutCancel(e.ctx), e.feed, after, feed.BatchLimit{Records: feed.MaxBatchLimit})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range b.Records {
+			out[r.Key] = entry{seq: r.Seq, doc: r.Doc}
+			after = r.Seq
+		}
+		if len(b.Records) < feed.MaxBatchLimit {
+			return out, nil
 		}
 	}
 }
@@ -592,6 +620,14 @@ func (t *recTarget) docs() map[feed.Key]json.RawMessage {
 		}
 	}
 	return out
+}
+
+// entries returns the target's entries by key, tombstones included, for a
+// hook that checks it.
+func (t *recTarget) entries() map[feed.Key]entry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return maps.Clone(t.m)
 }
 
 func (t *recTarget) Publish(ctx context.Context) error {

@@ -2,6 +2,7 @@ package syncer_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -276,19 +277,31 @@ func TestRejectionReasonCleaned(t *testing.T) {
 }
 
 // TestResyncUnderWrites changes the feed while a resync streams it, keys
-// behind and ahead of the stream alike, and checks the fresh copy against the
-// feed's live documents at the moment of the publish, before any incremental
-// batch could make up for a gap, and before the cursor moved.
+// behind and ahead of the stream alike, and checks the fresh copy at the
+// moment of its publish, before any incremental batch could make up for a
+// gap, and before the cursor moved.
+//
+// In both modes the copy must hold, for every key whose row in the feed is
+// at or below the highest seq the copy was sent, or below the head before
+// the worker started (all sealed by then, so the stream had to reach it),
+// exactly that row's document; and no key the feed has not at a seq as high
+// as the copy's. In the locked mode the hook's writes are readable at their
+// commit, so the copy must equal the feed's live documents outright, and no
+// incremental apply may follow. In the concurrent mode the hook's writes
+// wait for the runner's sealer and may be sealed after the stream's last
+// read, so they may arrive by incremental applies; once the writes are
+// sealed and the worker caught up, the sink equals the feed in both.
 //
 // The hook runs on the worker's goroutine and only records what it finds; the
 // test goroutine reads the record and fails without holding the hook's lock,
 // so that a failing check cannot leave the worker waiting for it in a sink
 // call and the runner's shutdown waiting for the worker.
 func TestResyncUnderWrites(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, e *env) {
+	forEachBackendBothModes(t, func(t *testing.T, e *env) {
 		for i := range 400 {
 			e.write(feed.Put(key(i), doc(`{"v":0}`)))
 		}
+		_, before := e.liveDocs()
 		w := newWorld(e, "search")
 		var applies atomic.Int32
 		var mu sync.Mutex
@@ -319,18 +332,26 @@ func TestResyncUnderWrites(t *testing.T) {
 				if cur := e.hookCursor(w.id); !cur.IsZero() {
 					errs = append(errs, fmt.Sprintf("the cursor is already %v: it must move only once the copy is published", cur))
 				}
-				want, _, err := e.readLive()
+				rows, err := e.readRows()
 				if err != nil {
 					errs = append(errs, fmt.Sprintf("reading the feed: %v", err))
 				}
-				got := c.target.docs()
-				if len(got) != len(want) {
-					errs = append(errs, fmt.Sprintf("the target has %d keys, the feed %d", len(got), len(want)))
-				}
-				for _, k := range slices.Sorted(maps.Keys(want)) {
-					if !feedtest.JSONEqual(got[k], want[k]) {
-						errs = append(errs, fmt.Sprintf("%q is %s in the target and %s in the feed", k, got[k], want[k]))
-						break
+				got := c.target.entries()
+				errs = append(errs, copyAgrees(got, rows, before.Head)...)
+				if !e.b.concurrent {
+					want, _, err := e.readLive()
+					if err != nil {
+						errs = append(errs, fmt.Sprintf("reading the feed: %v", err))
+					}
+					live := c.target.docs()
+					if len(live) != len(want) {
+						errs = append(errs, fmt.Sprintf("the target has %d keys, the feed %d", len(live), len(want)))
+					}
+					for _, k := range slices.Sorted(maps.Keys(want)) {
+						if !feedtest.JSONEqual(live[k], want[k]) {
+							errs = append(errs, fmt.Sprintf("%q is %s in the target and %s in the feed", k, live[k], want[k]))
+							break
+						}
 					}
 				}
 				mu.Lock()
@@ -353,15 +374,60 @@ func TestResyncUnderWrites(t *testing.T) {
 		if n != 1 || len(errs) > 0 {
 			t.Fatalf("%d publishes (want 1); found at publish: %v", n, errs)
 		}
-		for _, c := range w.log() {
-			if c.Op == "apply" {
-				t.Fatalf("an incremental apply followed the resync: the resync's cursor stopped short")
+		if !e.b.concurrent {
+			for _, c := range w.log() {
+				if c.Op == "apply" {
+					t.Fatalf("an incremental apply followed the resync: the resync's cursor stopped short")
+				}
 			}
 		}
 		want, _ := e.liveDocs()
 		sameDocs(t, "sink", w.docs(), want)
+		if want[key(1003)] == nil {
+			t.Fatalf("the feed lacks the third hook write: the hook did not run as planned")
+		}
 		noProblems(t, w)
 	})
+}
+
+// copyAgrees checks a resync copy at its publish (got, by key, tombstones
+// included) against the feed's rows then (rows): every row at or below the
+// highest seq the copy was sent, or at or below floor (a head the stream
+// had to reach), must be in the copy as it is in the feed; a key the copy
+// holds live must have a row in the feed at a seq no lower.
+func copyAgrees(got, rows map[feed.Key]entry, floor feed.Seq) []string {
+	var errs []string
+	for _, e := range got {
+		floor = max(floor, e.seq)
+	}
+	for _, k := range slices.Sorted(maps.Keys(rows)) {
+		r := rows[k]
+		if r.seq > floor {
+			continue
+		}
+		g := got[k]
+		if !feedtest.JSONEqual(g.doc, r.doc) || (r.doc != nil && g.seq != r.seq) {
+			errs = append(errs, fmt.Sprintf("%q is %s at seq %d in the copy, %s at seq %d in the feed (at or below seq %d, which the copy had to reach)", k, orAbsent(g.doc), g.seq, orAbsent(r.doc), r.seq, floor))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(got)) {
+		if g := got[k]; g.doc != nil {
+			if r, ok := rows[k]; !ok || r.seq < g.seq {
+				errs = append(errs, fmt.Sprintf("%q is in the copy at seq %d, in the feed at seq %d (0: absent)", k, g.seq, r.seq))
+			}
+		}
+	}
+	if len(errs) > 5 {
+		errs = append(errs[:5], fmt.Sprintf("… %d more", len(errs)-5))
+	}
+	return errs
+}
+
+func orAbsent(d json.RawMessage) string {
+	if d == nil {
+		return "absent"
+	}
+	return string(d)
 }
 
 // TestGenerationMoves rebuilds the feed in the middle of a resync's stream and

@@ -163,3 +163,45 @@ func TestRunSealerSeals(t *testing.T) {
 		t.Fatalf("Describe after the sealer stopped = %+v, %v; want no sealer lease", d, err)
 	}
 }
+
+// A running sealer of a feed in the locked mode seals the first write after
+// a switch to the concurrent mode at once: the switch's end wakes it, as
+// pgfeed's notification wakes pgfeed's, with its heartbeat an hour away.
+func TestSealerWakesOnModeSwitch(t *testing.T) {
+	t.Parallel()
+	s, err := memfeed.New(memfeed.Options{Lease: feed.LeaseOptions{TTL: 5 * time.Hour, Heartbeat: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if _, err := s.WriteCommitted(ctx, "f", []feed.Change{feed.Put("locked", doc(`1`))}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.RunSealer(ctx, "f") }()
+	time.Sleep(50 * time.Millisecond) // the sealer found the feed locked
+	if err := s.SetWriteMode(ctx, "f", feed.WriteConcurrent); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.WriteCommitted(ctx, "f", []feed.Change{feed.Put("after", doc(`2`))})
+	if err != nil || len(res.Unsealed) != 1 {
+		t.Fatalf("write after the switch = %+v, %v; want it unsealed", res, err)
+	}
+	for start := time.Now(); ; time.Sleep(time.Millisecond) {
+		_, _, _, sealed, err := s.SealedRange(ctx, "f", res.Unsealed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sealed {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("the write after the switch is unsealed 5 s later")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
