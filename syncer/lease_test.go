@@ -335,8 +335,17 @@ func TestReadAheadEndsWithTheSession(t *testing.T) {
 		for i := range changes {
 			changes[i] = feed.Put(key(i+1), doc(`{}`))
 		}
-		res := e.write(changes...)
-		reader.stallAfter.Store(int64(res.First) + int64(opts.BatchSize) - 1) // the read ahead of the first batch
+		// The read ahead of the first batch stalls. Its position is set
+		// before the write: set after, the worker could read ahead before
+		// it, never stall, and leave the test waiting for ever.
+		head, err := e.h.Reader.Head(e.ctx, e.feed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reader.stallAfter.Store(int64(head) + int64(opts.BatchSize))
+		if res := e.write(changes...); res.First != head+1 {
+			t.Fatalf("the write took seqs from %d; the stall was set for a write from %d", res.First, head+1)
+		}
 		<-entered
 		<-reader.stalled
 		e.steal(t, spy, w.id)
