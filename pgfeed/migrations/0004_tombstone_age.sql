@@ -10,10 +10,12 @@
 -- it again, as it writes a new tombstone at a new seq; a restamp of a parked
 -- key (RetryParked) keeps it, as it only sends the same tombstone again. It
 -- is the database's clock, whatever clock a store was given: it decides
--- nothing, it is only read. A build before this step writes no stamp; its
--- tombstones are not counted until a later write of theirs, and a document
--- it writes over a tombstone leaves the old stamp on a row the index
--- leaves out (its doc is not NULL), so readers always filter on doc.
+-- nothing, it is only read. A build before this step neither stamps nor
+-- clears it: a tombstone it writes has no stamp (not counted) or an older
+-- one of the same key's, until this build writes the key again, and a
+-- document it writes over a tombstone leaves the stamp on a row the index
+-- leaves out (its doc is not NULL). So readers filter on doc, never on the
+-- stamp alone.
 
 ALTER TABLE {{table "rows"}} ADD COLUMN IF NOT EXISTS deleted_at timestamptz;
 
@@ -23,7 +25,9 @@ UPDATE {{table "rows"}} SET deleted_at = now()
 WHERE doc IS NULL AND seq IS NOT NULL AND deleted_at IS NULL;
 
 -- Only sealed tombstones have entries, so writing documents, and unsealed
--- rows of the concurrent mode, add nothing to it.
+-- rows of the concurrent mode, add nothing to it. Collection reads it too,
+-- where the planner finds that cheaper than the seq range below the lowest
+-- cursor: it then visits the feed's tombstones only.
 CREATE INDEX IF NOT EXISTS {{index "rows_tombstones"}} ON {{table "rows"}} (feed, deleted_at)
     WHERE doc IS NULL AND seq IS NOT NULL;
 
