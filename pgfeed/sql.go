@@ -13,11 +13,11 @@ type statements struct {
 	// first write), hands out the contiguous seq range head+1..head+n, upserts
 	// the batch's rows at those seqs from arrays (a delete stamped with the
 	// transaction's time, deleted_at, a document clearing it), and notifies
-	// the feed's channel, all in one statement. The row lock is held to the caller's
-	// commit, so the next writer's range is handed out after this commit: seq
-	// order is commit order. One statement is safe here although it may wait
-	// for the lock: both its upserts act on the latest committed row versions,
-	// not on the statement's snapshot.
+	// the feed's channel, all in one statement. The row lock is held to the
+	// caller's commit, so the next writer's range is handed out after this
+	// commit: seq order is commit order. One statement is safe here although
+	// it may wait for the lock: both its upserts act on the latest
+	// committed row versions, not on the statement's snapshot.
 	write string
 	// writeConcurrent is the concurrent mode's write, run after shareWrite
 	// in the same transaction (and so with a snapshot taken after that lock
