@@ -98,7 +98,13 @@ func (e *env) measureScrape(ctx context.Context) ([]Row, error) {
 			}); err != nil {
 				return err
 			}
-			srv := httptest.NewServer(promhttp.HandlerFor(metrics.Registry(states, calls), promhttp.HandlerOpts{}))
+			// The daemon's tombstone gauge too, read in the background as
+			// kairos run reads it, so a scrape serves the same registry.
+			tombs := metrics.NewTombstones()
+			wg.Go(func() {
+				tombs.Run(runCtx, 10*time.Second, func() []feed.FeedName { return []feed.FeedName{"m"} }, st.OldestTombstone, quiet)
+			})
+			srv := httptest.NewServer(promhttp.HandlerFor(metrics.Registry(states, calls, tombs), promhttp.HandlerOpts{}))
 			defer srv.Close()
 			scrape := func() (time.Duration, error) {
 				start := time.Now()

@@ -351,6 +351,10 @@ type Description struct {
 	// Sealer is the sealer's lease (concurrent mode); nil when none is
 	// recorded. A holder whose ExpiresAt has passed has lapsed.
 	Sealer *LeaseState
+	// OldestTombstone is when the feed's oldest tombstone was made: how
+	// long collection has been held back, or has not run. Zero when the
+	// feed holds none, or from a store that does not record it.
+	OldestTombstone time.Time
 }
 
 // Rejection is a sink's refusal of one record for the record's own sake (the

@@ -13,11 +13,13 @@
 //   - generations(feed, generation, head, projection, partition,
 //     write_mode): one row per feed, created by its first write (or by
 //     SetWriteMode). This row is the feed lock.
-//   - rows(feed, key, seq, doc jsonb, pending, pending_doc jsonb): one row
-//     per key, its latest sealed document, or a tombstone (doc NULL), and,
-//     in the concurrent mode, a write waiting to be sealed beside it
-//     (pending; pending_doc NULL for a delete). Unique on (feed, seq); a key
-//     never sealed has no seq.
+//   - rows(feed, key, seq, doc jsonb, pending, pending_doc jsonb,
+//     deleted_at): one row per key, its latest sealed document, or a
+//     tombstone (doc NULL) with the time it was made, and, in the
+//     concurrent mode, a write waiting to be sealed beside it (pending;
+//     pending_doc NULL for a delete). Unique on (feed, seq); a key never
+//     sealed has no seq. A partial index holds the sealed tombstones by
+//     feed and time, so the oldest is one probe (OldestTombstone).
 //   - sealers(feed, lease_holder, lease_expires_at): the sealer's lease of
 //     each concurrent-mode feed.
 //   - cursors(feed, sink, generation, seq, lease_holder, lease_expires_at,

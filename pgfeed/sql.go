@@ -11,12 +11,13 @@ import "fmt"
 type statements struct {
 	// write takes the feed lock (the generations row, created on a feed's
 	// first write), hands out the contiguous seq range head+1..head+n, upserts
-	// the batch's rows at those seqs from arrays, and notifies the feed's
-	// channel, all in one statement. The row lock is held to the caller's
-	// commit, so the next writer's range is handed out after this commit: seq
-	// order is commit order. One statement is safe here although it may wait
-	// for the lock: both its upserts act on the latest committed row versions,
-	// not on the statement's snapshot.
+	// the batch's rows at those seqs from arrays (a delete stamped with the
+	// transaction's time, deleted_at, a document clearing it), and notifies
+	// the feed's channel, all in one statement. The row lock is held to the
+	// caller's commit, so the next writer's range is handed out after this
+	// commit: seq order is commit order. One statement is safe here although
+	// it may wait for the lock: both its upserts act on the latest
+	// committed row versions, not on the statement's snapshot.
 	write string
 	// writeConcurrent is the concurrent mode's write, run after shareWrite
 	// in the same transaction (and so with a snapshot taken after that lock
@@ -53,8 +54,9 @@ type statements struct {
 	// seal is a round's second statement, in the same transaction and so
 	// with a snapshot taken after sealLock was granted: up to $2 unsealed
 	// rows no open writer holds (FOR UPDATE SKIP LOCKED), in key order,
-	// move to sealed at head+1.., the head moves past them, and, when any
-	// moved, one notify. It returns how many it sealed.
+	// move to sealed at head+1.. (a delete stamped with the round's time,
+	// deleted_at, as the locked write stamps its own), the head moves past
+	// them, and, when any moved, one notify. It returns how many it sealed.
 	seal string
 	// probe reads the feed's mode and whether any row is unsealed, from the
 	// partial index on pending rows.
@@ -149,8 +151,14 @@ type statements struct {
 	unparkOne string
 	// restamp gives the key's row (if any) seq head+1, bumps the head, and
 	// notifies; run under sealLock. A row never sealed (no seq) is left
-	// alone: no sink has seen it, and its seal is the sealer's.
+	// alone: no sink has seen it, and its seal is the sealer's. A
+	// tombstone keeps its deleted_at: it is the same deletion, sent again.
 	restamp string
+	// oldestTombstone reads the deletion time of the feed's oldest sealed
+	// tombstone (migration 4's deleted_at) and its age on the database's
+	// clock, from the partial index on tombstones: one index probe, however
+	// large the feed. NULLs when the feed has none.
+	oldestTombstone string
 	// collect deletes, in one statement and so against one snapshot of the
 	// cursors, the tombstones at or below every registered sink's cursor,
 	// none while a registered sink has no cursor or none is registered, and
@@ -163,7 +171,8 @@ type statements struct {
 	removeCursor, cursorExists, removeParked string
 	// describeFeed reads the feed's generation and head and, in the same
 	// snapshot, whether the feed is known: it has a generations row or a
-	// registered sink (a cursor row).
+	// registered sink (a cursor row); its mode, unsealed count, sealer
+	// lease, and its oldest tombstone's deletion time (as oldestTombstone).
 	describeFeed string
 	// traceKey reads, in one snapshot, the feed's generation and head, the
 	// key's row, and per registered sink its cursor, the key's parked record
@@ -221,10 +230,10 @@ func (n names) statements() statements {
 	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head WHERE g.write_mode = 'locked'
 	RETURNING g.generation, g.head
 ), w AS (
-	INSERT INTO ` + r + ` AS r (feed, key, seq, doc)
-	SELECT $1::text, c.key, g.head - $2::bigint + c.ord, c.doc::jsonb
+	INSERT INTO ` + r + ` AS r (feed, key, seq, doc, deleted_at)
+	SELECT $1::text, c.key, g.head - $2::bigint + c.ord, c.doc::jsonb, CASE WHEN c.doc IS NULL THEN now() END
 	FROM g, unnest($3::text[], $4::text[]) WITH ORDINALITY AS c(key, doc, ord)
-	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc
+	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
 )
 SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
 
@@ -244,7 +253,8 @@ SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text
 	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM c)
 	RETURNING head - (SELECT count(*) FROM c) AS base
 ), s AS (
-	UPDATE ` + r + ` AS r SET seq = h.base + o.ord, doc = r.pending_doc, pending = false, pending_doc = NULL
+	UPDATE ` + r + ` AS r SET seq = h.base + o.ord, doc = r.pending_doc, pending = false, pending_doc = NULL,
+		deleted_at = CASE WHEN r.pending_doc IS NULL THEN now() END
 	FROM o, h WHERE r.feed = $1::text AND r.key = o.key
 	RETURNING 1
 ), n AS (
@@ -340,6 +350,8 @@ ON CONFLICT (feed, sink, key) DO UPDATE SET seq = excluded.seq, reason = exclude
 	UPDATE ` + r + ` AS r SET seq = g.head FROM g WHERE r.feed = $1::text AND r.key = $2::text AND r.seq IS NOT NULL
 )
 SELECT g.head FROM g, LATERAL (SELECT pg_notify($3::text, $1::text)) AS n`,
+		oldestTombstone: `SELECT t.at, extract(epoch FROM clock_timestamp() - t.at)::float8
+FROM (SELECT min(deleted_at) AS at FROM ` + r + ` WHERE feed = $1::text AND doc IS NULL AND seq IS NOT NULL) AS t`,
 		collect: `WITH s AS (
 	SELECT count(*) AS sinks, count(seq) AS placed, min(seq) AS low FROM ` + c + ` WHERE feed = $1::text
 ), d AS (
@@ -373,7 +385,8 @@ ORDER BY c.sink`,
 	coalesce(max(write_mode), 'locked'),
 	(SELECT count(*) FROM ` + r + ` WHERE feed = $1::text AND pending),
 	(SELECT lease_holder FROM ` + sl + ` WHERE feed = $1::text),
-	(SELECT lease_expires_at FROM ` + sl + ` WHERE feed = $1::text)
+	(SELECT lease_expires_at FROM ` + sl + ` WHERE feed = $1::text),
+	(SELECT min(deleted_at) FROM ` + r + ` WHERE feed = $1::text AND doc IS NULL AND seq IS NOT NULL)
 FROM ` + g + ` WHERE feed = $1::text`,
 		describeSinks: `WITH c AS (
 	SELECT sink, generation, seq, last_advance_at, lease_holder, lease_expires_at, coalesce(seq, 0) AS at

@@ -235,6 +235,36 @@ func (s *Store) CollectTombstones(ctx context.Context, f feed.FeedName) (int, er
 	return int(n), nil
 }
 
+// OldestTombstone says when f's oldest tombstone was made (at) and how old
+// it is (age), both on the database's clock, so a caller's own clock plays
+// no part in the age; at is zero when f holds no tombstone. It is one probe
+// of a partial index on tombstones, however large the feed, which is what
+// lets kairos run read it in the background for its
+// kairos_feed_oldest_tombstone_age_seconds.
+//
+// A tombstone's time is that of the transaction that made it (the
+// migration's notes on deleted_at say which one in each write mode): an age
+// that keeps growing says a sink has not passed it, it is parked, or no
+// collection has run since (CollectTombstones; kairos collect says which
+// sink holds it back). A tombstone written by a build from before the
+// stamp has none and is not counted.
+func (s *Store) OldestTombstone(ctx context.Context, f feed.FeedName) (at time.Time, age time.Duration, err error) {
+	if err := f.Validate(); err != nil {
+		return time.Time{}, 0, err
+	}
+	var (
+		t   *time.Time
+		sec *float64
+	)
+	if err := s.db.QueryRow(ctx, s.sql.oldestTombstone, string(f)).Scan(&t, &sec); err != nil {
+		return time.Time{}, 0, feed.Unreadable("reading the oldest tombstone of feed "+string(f), err)
+	}
+	if t == nil || sec == nil {
+		return time.Time{}, 0, nil
+	}
+	return *t, time.Duration(*sec * float64(time.Second)), nil
+}
+
 // RemoveSink unregisters id; see feed.SyncStore. One transaction first takes
 // the sink's advisory lock for its own length, which a live advisory lease's
 // session refuses, then deletes the cursor row only when no live lease row
@@ -321,8 +351,9 @@ func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description
 		mode                string
 		sealer              *string
 		sealerExpires       *time.Time
+		oldest              *time.Time
 	)
-	if err := s.db.QueryRow(ctx, s.sql.describeFeed, string(f)).Scan(&gen, &head, &known, &mode, &unsealed, &sealer, &sealerExpires); err != nil {
+	if err := s.db.QueryRow(ctx, s.sql.describeFeed, string(f)).Scan(&gen, &head, &known, &mode, &unsealed, &sealer, &sealerExpires, &oldest); err != nil {
 		return fail(err)
 	}
 	if !known {
@@ -330,6 +361,9 @@ func (s *Store) Describe(ctx context.Context, f feed.FeedName) (feed.Description
 	}
 	d.Generation, d.Head = feed.Generation(gen), feed.Seq(head)
 	d.Mode, d.Unsealed = feed.WriteMode(mode), unsealed
+	if oldest != nil {
+		d.OldestTombstone = *oldest
+	}
 	if sealer != nil {
 		d.Sealer = &feed.LeaseState{Holder: feed.LeaseHolder(*sealer)}
 		if sealerExpires != nil {

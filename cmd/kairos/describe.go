@@ -34,7 +34,14 @@ type feedView struct {
 	SealerHolder           string     `json:"sealer_holder,omitempty" yaml:"sealer_holder,omitempty"`
 	SealerExpiresAt        *time.Time `json:"sealer_expires_at,omitempty" yaml:"sealer_expires_at,omitempty"`
 	SealerExpiresInSeconds *float64   `json:"sealer_expires_in_seconds,omitempty" yaml:"sealer_expires_in_seconds,omitempty"`
-	Sinks                  []sinkView `json:"sinks" yaml:"sinks"`
+	// OldestTombstoneAt is when the feed's oldest tombstone was made, and
+	// OldestTombstoneAgeSeconds how long ago on the database's clock;
+	// both absent when the feed holds none. An age that keeps growing says
+	// collection is held back (kairos collect says by which sink) or never
+	// runs.
+	OldestTombstoneAt         *time.Time `json:"oldest_tombstone_at,omitempty" yaml:"oldest_tombstone_at,omitempty"`
+	OldestTombstoneAgeSeconds *float64   `json:"oldest_tombstone_age_seconds,omitempty" yaml:"oldest_tombstone_age_seconds,omitempty"`
+	Sinks                     []sinkView `json:"sinks" yaml:"sinks"`
 }
 
 type sinkView struct {
@@ -65,6 +72,10 @@ func view(d feed.Description, now time.Time) feedView {
 	if d.Sealer != nil && d.Sealer.Holder != "" {
 		at, in := d.Sealer.ExpiresAt, d.Sealer.ExpiresAt.Sub(now).Seconds()
 		v.SealerHolder, v.SealerExpiresAt, v.SealerExpiresInSeconds = string(d.Sealer.Holder), &at, &in
+	}
+	if !d.OldestTombstone.IsZero() {
+		at, age := d.OldestTombstone, max(0, now.Sub(d.OldestTombstone).Seconds())
+		v.OldestTombstoneAt, v.OldestTombstoneAgeSeconds = &at, &age
 	}
 	for _, s := range d.Sinks {
 		sv := sinkView{
@@ -113,8 +124,10 @@ func (c *cli) describeCmd() *cobra.Command {
 how many rows it has still to see (pending), when its cursor last moved, who
 holds its lease and for how long yet, and how many records are parked for it.
 A sink whose cursor is in an older generation is resyncing. Without FEED it
-shows every feed. Ages and expiries are measured on the database's clock, as
-leases are.`,
+shows every feed. When the feed holds tombstones, the age of the oldest one
+follows its head: one that keeps growing says collection is held back (kairos
+collect says by which sink) or never runs. Ages and expiries are measured on
+the database's clock, as leases are.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 1 {
 				return usagef("describe takes at most one feed, got %d", len(args))
@@ -274,7 +287,11 @@ func render(w io.Writer, out output, views []feedView, terminal bool) error {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintf(w, "%sfeed %s%s  generation %d  head %d\n", bold, v.Feed, reset, v.Generation, v.Head)
+		fmt.Fprintf(w, "%sfeed %s%s  generation %d  head %d", bold, v.Feed, reset, v.Generation, v.Head)
+		if v.OldestTombstoneAgeSeconds != nil {
+			fmt.Fprintf(w, "  oldest tombstone %s ago", age(*v.OldestTombstoneAgeSeconds))
+		}
+		fmt.Fprintln(w)
 		if v.Mode == string(feed.WriteConcurrent) {
 			sealer := "none"
 			if v.SealerHolder != "" {

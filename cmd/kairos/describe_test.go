@@ -46,7 +46,7 @@ func TestDescribe(t *testing.T) {
 	if code, out, _ := g.run("describe", "-c", cfg); code != exitOK || out != "no feeds yet\n" {
 		t.Fatalf("describe of an empty schema = exit %d, %q", code, out)
 	}
-	if _, err := st.WriteCommitted(ctx, "orders", []feed.Change{feed.Put("a", []byte(`{}`)), feed.Put("b", []byte(`{}`)), feed.Put("c", []byte(`{}`))}); err != nil {
+	if _, err := st.WriteCommitted(ctx, "orders", []feed.Change{feed.Put("a", []byte(`{}`)), feed.Put("b", []byte(`{}`)), feed.Delete("c")}); err != nil {
 		t.Fatal(err)
 	}
 	id := feed.SinkID{Feed: "orders", Sink: "cache"}
@@ -63,7 +63,7 @@ func TestDescribe(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("describe = exit %d, %q", code, stderr)
 	}
-	for _, want := range []string{"feed orders  generation 1  head 3", "SINK", "cache", "1/2", string(l.Holder()), "left)", "ago"} {
+	for _, want := range []string{"feed orders  generation 1  head 3  oldest tombstone ", "SINK", "cache", "1/2", string(l.Holder()), "left)", "ago"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("describe's table lacks %q:\n%s", want, out)
 		}
@@ -83,6 +83,9 @@ func TestDescribe(t *testing.T) {
 	if views[0].Head != 3 || s.CursorSeq != 2 || s.Pending != 1 || s.Parked != 1 || s.Resyncing || s.LeaseHolder != string(l.Holder()) ||
 		s.LeaseExpiresInSeconds == nil || *s.LeaseExpiresInSeconds <= 0 || *s.LeaseExpiresInSeconds > feed.DefaultLeaseTTL.Seconds()+1 {
 		t.Fatalf("json sink = %+v", s)
+	}
+	if v := views[0]; v.OldestTombstoneAt == nil || v.OldestTombstoneAgeSeconds == nil || *v.OldestTombstoneAgeSeconds < 0 || *v.OldestTombstoneAgeSeconds > 30 {
+		t.Fatalf("json feed = %+v; want c's tombstone, made within the test", v)
 	}
 	code, out, _ = g.run("describe", "orders", "-o", "yaml", "-c", cfg)
 	var yv []feedView

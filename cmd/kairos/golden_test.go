@@ -108,7 +108,7 @@ var masks = []struct {
 }{
 	{regexp.MustCompile(`pg-(row|advisory):[0-9a-f]{16}`), "pg-$1:<holder>"},
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)`), "<time>"},
-	{regexp.MustCompile(`("?(?:last_advance_age_seconds|lease_expires_in_seconds)"?: )-?[0-9.e+-]+`), "$1<seconds>"},
+	{regexp.MustCompile(`("?(?:last_advance_age_seconds|lease_expires_in_seconds|oldest_tombstone_age_seconds)"?: )-?[0-9.e+-]+`), "$1<seconds>"},
 	{regexp.MustCompile(`\b(\d+d)?(\d+h)?(\d+m)?\d+s (ago|left)`), "<age> $4"},
 	{regexp.MustCompile(`\b(\d+d\d+h|\d+h\d+m|\d+m\d+s) (ago|left)`), "<age> $2"},
 	{regexp.MustCompile(`\bt_[0-9a-f]{12}\b`), "<schema>"},

@@ -70,7 +70,7 @@ func writeConfig(t *testing.T, text string) string {
 
 func TestUsageMistakesExitTwo(t *testing.T) {
 	g := golden(t, "usage")
-	for _, args := range [][]string{{"bogus"}, {"--nope"}, {"version", "extra"}, {"config", "nope"}, {"migrate", "--print=maybe"}, {"run", "--config-poll", "-1s"}, {"run", "--config-poll", "soon"}} {
+	for _, args := range [][]string{{"bogus"}, {"--nope"}, {"version", "extra"}, {"config", "nope"}, {"migrate", "--print=maybe"}, {"run", "--config-poll", "-1s"}, {"run", "--config-poll", "soon"}, {"run", "--tombstone-poll", "0s"}} {
 		code, _, stderr := g.run(args...)
 		if code != exitUsage || !strings.HasPrefix(stderr, "kairos: ") {
 			t.Errorf("kairos %v = exit %d, %q; want exit %d with a message", args, code, stderr, exitUsage)

@@ -25,7 +25,7 @@ import (
 )
 
 func (c *cli) runCmd() *cobra.Command {
-	var poll time.Duration
+	var poll, tombstonePoll time.Duration
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the sync daemon: every feed of the configuration to every sink",
@@ -38,6 +38,8 @@ configured wrong stops the start with its path in the file.
 The HTTP listener (http.listen, default 127.0.0.1:9187) serves /healthz (the
 process runs), /readyz (every worker has taken its lease or been refused
 it), /metrics (Prometheus) and /v1/feeds, /v1/feeds/FEED (describe, as JSON).
+A scrape runs no query: each figure is the workers' own, but for the age of
+each feed's oldest tombstone, read in the background every --tombstone-poll.
 
 SIGHUP, or a change of the file's content (looked for every --config-poll),
 reloads the sinks: the file is checked in full first, and one with mistakes
@@ -52,6 +54,9 @@ their leases so another daemon takes over at once, and exits 0.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if poll < 0 {
 				return usagef("--config-poll is %v; want a positive interval, or 0 to reload on SIGHUP only", poll)
+			}
+			if tombstonePoll <= 0 {
+				return usagef("--tombstone-poll is %v; want a positive interval", tombstonePoll)
 			}
 			cfg, err := c.load()
 			if err != nil {
@@ -75,16 +80,24 @@ their leases so another daemon takes over at once, and exits 0.`,
 			level := new(slog.LevelVar)
 			return daemon(cmd.Context(), cfg, newLogger(cfg.Log, level, c.stderr), daemonOptions{
 				load: c.load, path: c.configPath, poll: poll, reloads: reloads, level: level,
+				tombstonePoll: tombstonePoll,
 			})
 		},
 	}
 	cmd.Flags().DurationVar(&poll, "config-poll", defaultConfigPoll, "how often to look for a change of the configuration file's content, which reloads it (0: on SIGHUP only)")
+	cmd.Flags().DurationVar(&tombstonePoll, "tombstone-poll", defaultTombstonePoll, "how often to read each feed's oldest tombstone for kairos_feed_oldest_tombstone_age_seconds (one index probe per feed)")
 	return cmd
 }
 
 // defaultConfigPoll is how often kairos run reads its configuration file
 // to see whether it changed.
 const defaultConfigPoll = 2 * time.Second
+
+// defaultTombstonePoll is how often kairos run reads each feed's oldest
+// tombstone. The age grows between reads on its own; what waits for the
+// next read is a collection, which drops the figure to the next tombstone's
+// age (or 0), and that can wait this long in a metric watched over hours.
+const defaultTombstonePoll = 10 * time.Second
 
 var logLevels = map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}
 
@@ -111,6 +124,9 @@ type daemonOptions struct {
 	reloads <-chan struct{}
 	// level is the log's level, which a reload may change.
 	level *slog.LevelVar
+	// tombstonePoll is how often each feed's oldest tombstone is read;
+	// zero means defaultTombstonePoll.
+	tombstonePoll time.Duration
 }
 
 // daemon runs every feed's workers until ctx ends, reloading the sinks
@@ -163,7 +179,17 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 	}
 	hash, _ := fileHash(do.path)
 	status := newReloadStatus(time.Now())
-	srv := &http.Server{Handler: handler(sup, calls, status, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
+	tombs := metrics.NewTombstones()
+	if do.tombstonePoll <= 0 {
+		do.tombstonePoll = defaultTombstonePoll
+	}
+	tombsDone := make(chan struct{})
+	go func() {
+		defer close(tombsDone)
+		tombs.Run(ctx, do.tombstonePoll, sup.Feeds, st.OldestTombstone, log)
+	}()
+	defer func() { stop(); <-tombsDone }()
+	srv := &http.Server{Handler: handler(sup, calls, status, tombs, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("kairos running", "feeds", len(cfg.Feeds), "sinks", sup.count(), "http", ln.Addr().String(), "lease", leaseKind(cfg.Lease.Kind))

@@ -148,6 +148,21 @@ func (s *supervisor) States() []syncer.State {
 	return out
 }
 
+// Feeds names each feed of the running workers once, in the file's order.
+func (s *supervisor) Feeds() []feed.FeedName {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []feed.FeedName
+	seen := map[feed.FeedName]bool{}
+	for _, id := range s.order {
+		if s.sinks[id] != nil && !seen[id.Feed] {
+			seen[id.Feed] = true
+			out = append(out, id.Feed)
+		}
+	}
+	return out
+}
+
 // count is the number of running workers.
 func (s *supervisor) count() int {
 	s.mu.Lock()
