@@ -379,12 +379,17 @@ func (s *Store) captureDDL(c *capture) string {
 	// document of every column, and for a document expression, which is the
 	// user's and is not run on the old rows (it might fail on values the
 	// UPDATE repairs). A document trimmed by Include or Exclude is compared
-	// itself, so an UPDATE of a left-out column writes nothing: as jsonb,
-	// and as text, since jsonb's equality holds 1.0 and 1.00 equal where a
-	// sink would see the change.
-	newRec, oldCmp, unchanged := ", r AS rec", "r AS rec", "o.rec *= n.rec"
+	// itself, so an UPDATE of a left-out column writes nothing: as text,
+	// not by jsonb's equality, which holds 1.0 and 1.00 equal where a sink
+	// would see the change (jsonb's text is canonical, so equal text is an
+	// equal document).
+	// The comparisons are written so that neither can be a merge or hash
+	// key: joined on them, the planner sorted both sides by the whole row
+	// or document, on disk at 10k rows, where a hash join on the key and a
+	// filter cost a fraction.
+	newRec, oldCmp, unchanged := ", r AS rec", "r AS rec", "(o.rec *= n.rec) IS TRUE"
 	if c.spec.Document == "" && c.docExpr != "to_jsonb(r)" {
-		newRec, oldCmp, unchanged = "", c.docExpr+" AS doc", "o.doc = n.doc AND o.doc::text = n.doc::text"
+		newRec, oldCmp, unchanged = "", c.docExpr+" AS doc", "o.doc::text IS NOT DISTINCT FROM n.doc::text"
 	}
 	write, reset := s.names.table("write"), s.names.table("reset")
 	var b strings.Builder

@@ -214,7 +214,7 @@
 // the feed compares them: numeric 1.0 becoming 1.00 is a new key). An UPDATE
 // leaves out the rows whose document it did not change: every column equal
 // by record image, or, for a document trimmed by Include or Exclude, the
-// same document as jsonb and as text. So an UPDATE of left-out columns, or
+// same document text. So an UPDATE of left-out columns, or
 // one that sets columns to the values they had, writes no feed row; and a
 // feed keeps a document written under an earlier spec until its row changes
 // or a Backfill copies it again. A transaction that writes a
