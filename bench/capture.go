@@ -24,6 +24,10 @@ import (
 //   - K update floor: the captured UPDATE against the same UPDATE plus the
 //     same rows upserted raw into a table built like the feed's, in one
 //     transaction: the trigger's own overhead above the write it must do.
+//   - K update unchanged: the same UPDATE of a table captured with the
+//     updated column left out of the document, against the UPDATE without
+//     the trigger: an UPDATE that changes no document writes no feed row,
+//     so this is the trigger's cost without the feed write.
 //   - K writers: Writers concurrent writers commit single-row upserts into
 //     a captured table, against the same into a table without the trigger,
 //     for WritersFor each, one after the other; commits per second. The
@@ -37,6 +41,13 @@ import (
 //     a raw keyset scan of the same table that reads each row's key and
 //     to_jsonb document to the client in batches of the same size; rows per
 //     second.
+//   - K backfill floor: the same rows copied by plain INSERT … SELECT, one
+//     keyset batch of the same size per transaction, into a table built
+//     like the feed's rows (its two unique indexes), against the same scan:
+//     what any copy of the table into the feed's shape reaches at best.
+//   - K backfill concurrent: the Backfill of the same table into a second
+//     feed in the concurrent write mode, its sealer running beside it, timed
+//     until every copied row is sealed, against the same scan.
 func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 	sz := e.sizes
 	admin, err := e.pool(ctx, int32(sz.Writers)+2, nil)
@@ -44,7 +55,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	var upd, updBase, updFloor, wr, wrBase, wc, wcBase, bf, bfBase []float64
+	var upd, updBase, updFloor, updSame, updSameBase, wr, wrBase, wc, wcBase, bf, bfBase, bfFloor, bfc []float64
 	for r := range sz.Runs {
 		if err := func() error {
 			s, err := e.newSchema(ctx, admin)
@@ -57,12 +68,13 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 				return err
 			}
 			defer st.Close()
-			a, b, c, err := e.captureUpdate(ctx, admin, s, st, r)
+			u, err := e.captureUpdate(ctx, admin, s, st, r)
 			if err != nil {
 				return err
 			}
-			upd, updBase, updFloor = append(upd, a), append(updBase, b), append(updFloor, c)
-			a, b, err = e.captureWriters(ctx, admin, s, st, r, feed.WriteLocked)
+			upd, updBase, updFloor = append(upd, u.captured), append(updBase, u.raw), append(updFloor, u.floor)
+			updSame, updSameBase = append(updSame, u.unchanged), append(updSameBase, u.raw)
+			a, b, err := e.captureWriters(ctx, admin, s, st, r, feed.WriteLocked)
 			if err != nil {
 				return err
 			}
@@ -72,11 +84,11 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 				return err
 			}
 			wc, wcBase = append(wc, a), append(wcBase, b)
-			a, b, err = e.captureBackfill(ctx, admin, s, st, r)
+			k, err := e.captureBackfill(ctx, admin, s, st, r)
 			if err != nil {
 				return err
 			}
-			bf, bfBase = append(bf, a), append(bfBase, b)
+			bf, bfBase, bfFloor, bfc = append(bf, k.locked), append(bfBase, k.scan), append(bfFloor, k.floor), append(bfc, k.concurrent)
 			return nil
 		}(); err != nil {
 			return nil, err
@@ -87,12 +99,18 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 			"ms", upd, updBase, "figure/baseline", div, "≤ 1.5×", func(_, r float64) bool { return r <= 1.5 }),
 		newRow("K update floor", "the same captured UPDATE; baseline: the same UPDATE and, in its transaction, the same rows upserted into a table like the feed's by one statement (what any feed write costs at least)",
 			"ms", upd, updFloor, "figure/baseline", div, "", nil),
+		newRow("K update unchanged", fmt.Sprintf("one UPDATE of %d rows of a captured table, of a column the document leaves out (no feed write); baseline: the same UPDATE without the trigger", sz.CaptureRows),
+			"ms", updSame, updSameBase, "figure/baseline", div, "", nil),
 		newRow("K writers", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (locked mode), commit rate; baseline: the same without the trigger", sz.Writers),
 			"commits/s", wr, wrBase, "figure/baseline", div, "", nil),
 		newRow("K writers concurrent", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (concurrent mode, its sealer running), commit rate; baseline: the same without the trigger", sz.Writers),
 			"commits/s", wc, wcBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 		newRow("K backfill", fmt.Sprintf("in-place backfill of a %d-row table, batches of %d; baseline: a raw keyset scan of the table reading each row's key and to_jsonb", sz.BackfillRows, pgfeed.DefaultBackfillBatch),
 			"rows/s", bf, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
+		newRow("K backfill floor", fmt.Sprintf("the same rows copied by plain INSERT … SELECT, a keyset batch of %d per transaction, into a table like the feed's rows (no lock, no upsert, no progress); baseline: the same scan", pgfeed.DefaultBackfillBatch),
+			"rows/s", bfFloor, bfBase, "figure/baseline", div, "", nil),
+		newRow("K backfill concurrent", "in-place backfill of the same table into a feed in the concurrent write mode, its sealer running, timed until every row is sealed; baseline: the same scan",
+			"rows/s", bfc, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 	}, nil
 }
 
@@ -112,24 +130,38 @@ func captureTables(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfe
 	return capd, raw, err
 }
 
-func (e *env) captureUpdate(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (capd, base, floor float64, err error) {
+// updateTimes are K update's sides, each the median of one run's statements.
+type updateTimes struct{ captured, raw, floor, unchanged float64 }
+
+func (e *env) captureUpdate(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (updateTimes, error) {
 	sz := e.sizes
 	capT, raw, err := captureTables(ctx, admin, s, st, "upd", sz.CaptureRows)
 	if err != nil {
-		return 0, 0, 0, err
+		return updateTimes{}, err
 	}
 	// The floor: the same UPDATE, and the same rows upserted into a table
 	// built like the feed's, in one transaction; what any feed written in
 	// the transaction must cost at least.
 	fl, ff := s.qualify("upd_floor"), s.qualify("upd_floor_rows")
 	if err := fillTable(ctx, admin, fl, sz.CaptureRows); err != nil {
-		return 0, 0, 0, err
+		return updateTimes{}, err
 	}
 	if _, err := admin.Exec(ctx, `CREATE TABLE `+ff+` (LIKE `+s.table("rows")+` INCLUDING ALL)`); err != nil {
-		return 0, 0, 0, err
+		return updateTimes{}, err
+	}
+	// Unchanged: a table whose capture leaves the updated column out.
+	same := s.qualify("upd_same")
+	if err := fillTable(ctx, admin, same, sz.CaptureRows); err != nil {
+		return updateTimes{}, err
+	}
+	if _, err := admin.Exec(ctx, `VACUUM (ANALYZE) `+same); err != nil {
+		return updateTimes{}, err
+	}
+	if _, err := st.Capture(ctx, pgfeed.CaptureSpec{Feed: "k_upd_same", Schema: s.name, Table: "upd_same", Exclude: []string{"n"}}); err != nil {
+		return updateTimes{}, err
 	}
 	var next int64
-	sides := [3]func() error{
+	sides := [4]func() error{
 		func() error { _, err := admin.Exec(ctx, `UPDATE `+capT+` SET n = n + 1`); return err },
 		func() error { _, err := admin.Exec(ctx, `UPDATE `+raw+` SET n = n + 1`); return err },
 		func() error {
@@ -144,21 +176,22 @@ ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`, n
 				return err
 			})
 		},
+		func() error { _, err := admin.Exec(ctx, `UPDATE `+same+` SET n = n + 1`); return err },
 	}
-	var per [3][]float64
+	var per [4][]float64
 	for i := range sz.CaptureUpdates + 1 { // the first round is the warm-up
-		for j := range 3 {
-			k := (i + j + run) % 3
+		for j := range 4 {
+			k := (i + j + run) % 4
 			start := time.Now()
 			if err := sides[k](); err != nil {
-				return 0, 0, 0, err
+				return updateTimes{}, err
 			}
 			if i > 0 {
 				per[k] = append(per[k], float64(time.Since(start).Nanoseconds())/1e6)
 			}
 		}
 	}
-	return summarize(per[0]).Median, summarize(per[1]).Median, summarize(per[2]).Median, nil
+	return updateTimes{summarize(per[0]).Median, summarize(per[1]).Median, summarize(per[2]).Median, summarize(per[3]).Median}, nil
 }
 
 func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int, mode feed.WriteMode) (float64, float64, error) {
@@ -224,23 +257,73 @@ func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema
 	return out[0], out[1], nil
 }
 
-func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (float64, float64, error) {
+// backfillRates are K backfill's sides, rows per second.
+type backfillRates struct{ locked, scan, floor, concurrent float64 }
+
+func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (backfillRates, error) {
 	sz := e.sizes
+	batch := pgfeed.DefaultBackfillBatch
 	t := s.qualify("bf")
 	if err := fillTable(ctx, admin, t, sz.BackfillRows); err != nil {
-		return 0, 0, err
+		return backfillRates{}, err
 	}
 	if _, err := admin.Exec(ctx, `VACUUM (ANALYZE) `+t); err != nil {
-		return 0, 0, err
+		return backfillRates{}, err
 	}
-	if _, err := st.Capture(ctx, pgfeed.CaptureSpec{Feed: "k_bf", Schema: s.name, Table: "bf"}); err != nil {
-		return 0, 0, err
+	// Two feeds capture the table, one in each write mode; a backfill only
+	// reads the table, so neither's trigger fires.
+	for _, f := range []feed.FeedName{"k_bf", "k_bfc"} {
+		if _, err := st.Capture(ctx, pgfeed.CaptureSpec{Feed: f, Schema: s.name, Table: "bf"}); err != nil {
+			return backfillRates{}, err
+		}
 	}
-	backfill := func() (float64, error) {
+	if err := st.SetWriteMode(ctx, "k_bfc", feed.WriteConcurrent); err != nil {
+		return backfillRates{}, err
+	}
+	floorT := s.qualify("bf_floor_rows")
+	if _, err := admin.Exec(ctx, `CREATE TABLE `+floorT+` (LIKE `+s.table("rows")+` INCLUDING ALL)`); err != nil {
+		return backfillRates{}, err
+	}
+	// empty leaves f with no rows, vacuumed, so each copy starts alike.
+	empty := func(table, f string) error {
+		if _, err := admin.Exec(ctx, `DELETE FROM `+table+` WHERE feed = $1::text`, f); err != nil {
+			return err
+		}
+		_, err := admin.Exec(ctx, `VACUUM `+table)
+		return err
+	}
+	backfill := func(f feed.FeedName) (float64, error) {
+		if err := empty(s.table("rows"), string(f)); err != nil {
+			return 0, err
+		}
+		var sealed chan error
+		stop := func() {}
+		if f == "k_bfc" {
+			var sealCtx context.Context
+			sealCtx, stop = context.WithCancel(ctx)
+			sealed = make(chan error, 1)
+			go func() { sealed <- st.RunSealer(sealCtx, f) }()
+		}
+		defer func() {
+			stop()
+			if sealed != nil {
+				<-sealed
+			}
+		}()
 		start := time.Now()
-		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: "k_bf", Progress: func(pgfeed.BackfillProgress) {}})
+		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: f, Progress: func(pgfeed.BackfillProgress) {}})
 		if err != nil {
 			return 0, err
+		}
+		for sealed != nil {
+			var waiting bool
+			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.table("rows")+` WHERE feed = $1::text AND pending)`, string(f)).Scan(&waiting); err != nil {
+				return 0, err
+			}
+			if !waiting {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 		return float64(res.Rows) / time.Since(start).Seconds(), nil
 	}
@@ -249,7 +332,7 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 		var n int64
 		after := int32(0)
 		for {
-			rows, err := admin.Query(ctx, `SELECT r.id, r.id::text, to_jsonb(r)::text FROM `+t+` AS r WHERE r.id > $1::int ORDER BY r.id LIMIT $2::int`, after, pgfeed.DefaultBackfillBatch)
+			rows, err := admin.Query(ctx, `SELECT r.id, r.id::text, to_jsonb(r)::text FROM `+t+` AS r WHERE r.id > $1::int ORDER BY r.id LIMIT $2::int`, after, batch)
 			if err != nil {
 				return 0, err
 			}
@@ -265,33 +348,55 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 				return 0, err
 			}
 			n += int64(got)
-			if got < pgfeed.DefaultBackfillBatch {
+			if got < batch {
 				break
 			}
 		}
 		return float64(n) / time.Since(start).Seconds(), nil
 	}
-	// The scan first on even runs, the backfill first on odd ones; the feed
-	// is emptied before each backfill, so each copies into an empty feed.
-	var out [2]float64
-	for j := range 2 {
-		var err error
-		switch (j + run) % 2 {
-		case 0:
-			if _, err = admin.Exec(ctx, `DELETE FROM `+s.table("rows")+` WHERE feed = 'k_bf'`); err == nil {
-				_, err = admin.Exec(ctx, `VACUUM `+s.table("rows"))
-			}
-			if err == nil {
-				out[0], err = backfill()
-			}
-		case 1:
-			out[1], err = scan()
+	floor := func() (float64, error) {
+		if err := empty(floorT, "k"); err != nil {
+			return 0, err
 		}
-		if err != nil {
-			return 0, 0, err
+		start := time.Now()
+		var n int64
+		after := int32(0)
+		for {
+			var got int64
+			var last *int32
+			err := admin.QueryRow(ctx, `WITH b AS MATERIALIZED (
+	SELECT r.id, r.id::text AS key, to_jsonb(r) AS doc FROM `+t+` AS r WHERE r.id > $1::int ORDER BY r.id LIMIT $2::int
+), w AS (
+	INSERT INTO `+floorT+` (feed, key, seq, doc) SELECT 'k', b.key, b.id, b.doc FROM b
+)
+SELECT count(*), max(b.id) FROM b`, after, batch).Scan(&got, &last)
+			if err != nil {
+				return 0, err
+			}
+			n += got
+			if got < int64(batch) {
+				break
+			}
+			after = *last
+		}
+		return float64(n) / time.Since(start).Seconds(), nil
+	}
+	// The order rotates from run to run.
+	sides := [4]func() (float64, error){
+		func() (float64, error) { return backfill("k_bf") },
+		scan,
+		floor,
+		func() (float64, error) { return backfill("k_bfc") },
+	}
+	var out [4]float64
+	for j := range 4 {
+		k := (j + run) % 4
+		var err error
+		if out[k], err = sides[k](); err != nil {
+			return backfillRates{}, err
 		}
 	}
-	return out[0], out[1], nil
+	return backfillRates{out[0], out[1], out[2], out[3]}, nil
 }
 
 // fillTable creates table t with rows 1..n of about 170 bytes each.

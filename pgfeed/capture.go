@@ -55,7 +55,10 @@ type CaptureSpec struct {
 	// to pg_catalog only, as it runs in the trigger, so functions of other
 	// schemas must be qualified. A NULL value makes the row a tombstone (the
 	// key is absent from the feed); JSON null is refused, as Write refuses
-	// it. Defaults to to_jsonb(r), trimmed by Include or Exclude.
+	// it. Defaults to to_jsonb(r), trimmed by Include or Exclude. An
+	// UPDATE writes only the rows whose document changed; with a document
+	// expression, only the rows of which some column changed (the
+	// expression is not run on the old rows).
 	Document string
 }
 
@@ -358,10 +361,36 @@ func (n names) table(t string) string {
 // function builds the statement's change set from its transition tables
 // and hands it to the feed's write function, which applies Write's rules;
 // an UPDATE hands, as tombstones, the keys of old rows no new row has, and
-// the new rows' documents, so a key that changed leaves a tombstone and a
-// key that stayed has its new document. TRUNCATE moves the feed to a new generation.
+// the new rows' documents where they changed, so a key that changed leaves
+// a tombstone, a key that stayed has its new document, and a row whose
+// document stayed writes nothing. Keys are distinct in each part and the
+// tombstones' keys are none of the documents', so the set has each key
+// once, as the write function needs. TRUNCATE moves the feed to a new
+// generation.
 func (s *Store) captureDDL(c *capture) string {
 	feedLit, chanLit := quoteLiteral(string(c.spec.Feed)), quoteLiteral(s.names.channel)
+	// Keys are compared as the feed compares them, byte by byte: under the
+	// column's own equality 1.0 = 1.00 (numeric) or 'A' = 'a' (citext), and
+	// a key whose text changed must still leave a tombstone.
+	keyC := "(" + c.keyExpr + `) COLLATE "C"`
+	// An UPDATE writes only the rows whose document changed. A row whose
+	// every column is unchanged, by record image (byte by byte, so 1.0 and
+	// 1.00 differ), keeps its document: that is the whole test for a
+	// document of every column, and for a document expression, which is the
+	// user's and is not run on the old rows (it might fail on values the
+	// UPDATE repairs). A document trimmed by Include or Exclude is compared
+	// itself, so an UPDATE of a left-out column writes nothing: as text,
+	// not by jsonb's equality, which holds 1.0 and 1.00 equal where a sink
+	// would see the change (jsonb's text is canonical, so equal text is an
+	// equal document).
+	// The comparisons are written so that neither can be a merge or hash
+	// key: joined on them, the planner sorted both sides by the whole row
+	// or document, on disk at 10k rows, where a hash join on the key and a
+	// filter cost a fraction.
+	newRec, oldCmp, unchanged := ", r AS rec", "r AS rec", "(o.rec *= n.rec) IS TRUE"
+	if c.spec.Document == "" && c.docExpr != "to_jsonb(r)" {
+		newRec, oldCmp, unchanged = "", c.docExpr+" AS doc", "o.doc::text IS NOT DISTINCT FROM n.doc::text"
+	}
 	write, reset := s.names.table("write"), s.names.table("reset")
 	var b strings.Builder
 	fmt.Fprintf(&b, `-- Kairos capture of table %[1]s into feed %[2]s.
@@ -375,10 +404,12 @@ BEGIN
         SELECT array_agg(%[4]s), array_agg(%[5]s) INTO k, d FROM kairos_new AS r;
     ELSIF TG_OP = 'UPDATE' THEN
         SELECT array_agg(c.key), array_agg(c.doc) INTO k, d FROM (
-            SELECT %[4]s AS key, NULL::jsonb AS doc FROM kairos_old AS r
-            WHERE NOT EXISTS (SELECT FROM kairos_new AS n WHERE %[10]s)
+            SELECT o.key, NULL::jsonb AS doc FROM (SELECT %[4]s AS key FROM kairos_old AS r) AS o
+            WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[4]s = o.key)
             UNION ALL
-            SELECT %[4]s, %[5]s FROM kairos_new AS r
+            SELECT n.key, n.doc FROM (SELECT %[4]s AS key, %[5]s AS doc%[10]s FROM kairos_new AS r) AS n
+            WHERE NOT EXISTS (SELECT FROM (SELECT %[4]s AS key, %[12]s FROM kairos_old AS r) AS o
+                WHERE o.key = n.key AND %[13]s)
         ) AS c;
     ELSIF TG_OP = 'DELETE' THEN
         SELECT array_agg(%[4]s), array_agg(NULL::jsonb) INTO k, d FROM kairos_old AS r;
@@ -390,7 +421,7 @@ BEGIN
     RETURN NULL;
 END
 $kairos$;
-`, c.table, c.spec.Feed, c.fn, c.keyExpr, c.docExpr, reset, write, feedLit, chanLit, c.sameKey(), s.writeKey(c.spec.Feed))
+`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, reset, write, feedLit, chanLit, newRec, s.writeKey(c.spec.Feed), oldCmp, unchanged)
 	if c.previous != "" {
 		for _, t := range c.triggers {
 			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t), c.previous)
@@ -407,19 +438,6 @@ $kairos$;
 		fmt.Fprintf(&b, "CREATE TRIGGER %s "+refs[i]+" FOR EACH STATEMENT EXECUTE FUNCTION %s();\n", quoteIdent(t), c.table, c.fn)
 	}
 	return b.String()
-}
-
-// sameKey is the condition that the new row n has the old row r's key,
-// column by column, so an UPDATE writes tombstones only for the keys it
-// moved away from, and its change set has each key once, as the write
-// function needs.
-func (c *capture) sameKey() string {
-	var conds []string
-	for _, k := range c.key {
-		q := quoteIdent(k.name)
-		conds = append(conds, "n."+q+" = r."+q)
-	}
-	return strings.Join(conds, " AND ")
 }
 
 // installSQL is the whole capture script: the capture lock, the DDL and the

@@ -256,6 +256,8 @@ func captureEveryWrite(t *testing.T, e capEnv) {
 	step("multi-row insert", 3, `INSERT INTO `+e.q("items")+` VALUES (2, 'two', 2), (3, 'three', 3), (4, 'four', 4)`)
 	step("update of many rows", 4, `UPDATE `+e.q("items")+` SET qty = qty * 10`)
 	step("update of no row", 0, `UPDATE `+e.q("items")+` SET qty = 0 WHERE id < 0`)
+	step("update that changes no row", 0, `UPDATE `+e.q("items")+` SET qty = qty`)
+	step("update that changes one row of four", 1, `UPDATE `+e.q("items")+` SET qty = CASE WHEN id = 2 THEN qty + 1 ELSE qty END`)
 	step("update of the key", 2, `UPDATE `+e.q("items")+` SET id = 100 WHERE id = 1`)
 	if got := e.tombstones(t, f); !slices.Equal(got, []string{"1"}) {
 		t.Fatalf("after moving key 1 to 100 the tombstones are %q; want [1]", got)
@@ -443,6 +445,57 @@ func TestCaptureCompositeKeyAndDocuments(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "more than the 512 allowed") {
 		t.Fatalf("an insert with a 600-byte key = %v; want the feed's refusal", err)
 	}
+}
+
+// TestCaptureUpdateWritesOnlyChanges: an UPDATE writes the feed rows of the
+// documents it changed and no others, where "changed" is what a sink would
+// see: an UPDATE of a column the document leaves out writes nothing, one
+// that changes a number's scale only (1.0 to 1.00, equal as jsonb) writes
+// the new document, and one that changes a key's text only (numeric 1.0 to
+// 1.00, equal as keys of the table) tombstones the old key. With a document
+// expression a row is unchanged only when every column is.
+func TestCaptureUpdateWritesOnlyChanges(t *testing.T) {
+	t.Parallel()
+	e := newCapEnv(t, `CREATE TABLE %[1]s.prices (id numeric PRIMARY KEY, price numeric NOT NULL, note text NOT NULL)`)
+	ctx := t.Context()
+	const f = feed.FeedName("prices")
+	spec := pgfeed.CaptureSpec{Feed: f, Schema: e.d.schema, Table: "prices", Exclude: []string{"note"}}
+	if _, err := e.s.Capture(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	table := `SELECT id::text, (to_jsonb(r) - 'note')::text FROM ` + e.q("prices") + ` AS r`
+	step := func(name string, wantMoved int64, sql string) {
+		t.Helper()
+		_, before := e.head(t, f)
+		e.exec(t, sql)
+		if _, after := e.head(t, f); int64(after-before) != wantMoved {
+			t.Fatalf("%s: the head moved by %d; want %d", name, after-before, wantMoved)
+		}
+		e.same(t, name, f, e.want(t, table))
+	}
+	step("insert", 2, `INSERT INTO `+e.q("prices")+` VALUES (1.0, 1.0, 'a'), (2, 5, 'a')`)
+	step("update of the left-out column", 0, `UPDATE `+e.q("prices")+` SET note = 'b'`)
+	step("update of the scale of a price", 1, `UPDATE `+e.q("prices")+` SET price = 1.00 WHERE id = 1`)
+	if got := e.live(t, f)["1.0"]; !strings.Contains(got, `"price": 1.00`) {
+		t.Fatalf("after price 1.0 became 1.00 the feed has %s", got)
+	}
+	step("update of the scale of a key", 2, `UPDATE `+e.q("prices")+` SET id = 1.00 WHERE id = 1`)
+	if got := e.tombstones(t, f); !slices.Equal(got, []string{"1.0"}) {
+		t.Fatalf("after key 1.0 became 1.00 the tombstones are %q; want [1.0]", got)
+	}
+
+	spec.Exclude, spec.Document = nil, `jsonb_build_object('price', r.price)`
+	if _, err := e.s.Capture(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	// The feed keeps the old shape of a document until a write or a
+	// backfill replaces it: an unchanged row is not rewritten.
+	if _, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: f, Progress: func(pgfeed.BackfillProgress) {}}); err != nil {
+		t.Fatal(err)
+	}
+	table = `SELECT id::text, jsonb_build_object('price', r.price)::text FROM ` + e.q("prices") + ` AS r`
+	step("document expression, update of no column", 0, `UPDATE `+e.q("prices")+` SET note = note`)
+	step("document expression, update of a column it leaves out", 2, `UPDATE `+e.q("prices")+` SET note = 'c'`)
 }
 
 // TestCaptureBadInput: every spec the catalog refuses is an InvalidError

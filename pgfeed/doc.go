@@ -217,7 +217,14 @@
 // feed switches modes with no change to its triggers. A change set has each
 // key once (the function's comment says why that holds): an UPDATE gives the
 // new rows' documents, and tombstones for the keys of old rows no new row
-// has, so a key that changed leaves a tombstone. A transaction that writes a
+// has, so a key that changed leaves a tombstone (keys compared as text, as
+// the feed compares them: numeric 1.0 becoming 1.00 is a new key). An UPDATE
+// leaves out the rows whose document it did not change: every column equal
+// by record image, or, for a document trimmed by Include or Exclude, the
+// same document text. So an UPDATE of left-out columns, or
+// one that sets columns to the values they had, writes no feed row; and a
+// feed keeps a document written under an earlier spec until its row changes
+// or a Backfill copies it again. A transaction that writes a
 // key again replaces its row, as Write does: one row per key. A TRUNCATE
 // moves the feed to a new generation, emptied (the <prefix>reset function,
 // ResetTx's statements: the write lock exclusive and the generations row FOR
