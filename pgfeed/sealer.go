@@ -16,10 +16,19 @@ const (
 	// DefaultSealLimit bounds the rows one sealing round seals, so a round's
 	// feed lock stays short when a sealer comes back to a backlog.
 	DefaultSealLimit = 1000
-	// DefaultSealMinPoll is the sealer's pause after a round that sealed
-	// some rows but fewer than the limit: rows keep coming, and the next
-	// round goes straight to sealing, without a probe.
-	DefaultSealMinPoll = 500 * time.Microsecond
+	// DefaultSealMinPoll is the sealer's pause between probes while rows
+	// keep coming (within Linger of the last row it sealed), and after a
+	// round that sealed some rows but fewer than the limit. A probe is an
+	// index-only read of the partial index on unsealed rows, with no
+	// transaction id and no WAL, so probing this often while writes come
+	// costs little, and it bounds how long a commit waits for its round.
+	DefaultSealMinPoll = time.Millisecond
+	// DefaultSealLinger is how long after the last row it sealed the sealer
+	// keeps probing every MinPoll before the pause starts to double. It
+	// spans the gaps between commits of a steady stream, so a row that
+	// commits in one waits at most MinPoll for its probe, and it is short
+	// enough that an idle spell costs few probes (Linger/MinPoll of them).
+	DefaultSealLinger = 25 * time.Millisecond
 	// DefaultSealMaxPoll is the longest pause between two probes of an idle
 	// feed: the probe's cost when nothing is written (one statement per
 	// pause), and the longest a first write after an idle spell waits.
@@ -36,13 +45,17 @@ type SealerOptions struct {
 	// Limit bounds the rows a round seals, 1 to feed.MaxBatchLimit.
 	// Defaults to DefaultSealLimit.
 	Limit int
-	// MinPoll is the pause after a round that sealed fewer rows than Limit;
-	// a full round is followed at once. Must not be negative. Defaults to
-	// DefaultSealMinPoll.
+	// MinPoll is the pause between probes within Linger of the last
+	// sealed row, and after a round that sealed fewer rows than Limit (a
+	// full round is followed by another at once). Must not be negative.
+	// Defaults to DefaultSealMinPoll.
 	MinPoll time.Duration
-	// MaxPoll is the longest pause between probes of an idle feed; the
-	// pause doubles from MinPoll up to it while probes find nothing. Must
-	// not be below MinPoll. Defaults to DefaultSealMaxPoll.
+	// Linger is how long after the last sealed row probes stay MinPoll
+	// apart. Must not be negative. Defaults to DefaultSealLinger.
+	Linger time.Duration
+	// MaxPoll is the longest pause between probes of an idle feed; past
+	// Linger, the pause doubles from MinPoll up to it while probes find
+	// nothing. Must not be below MinPoll. Defaults to DefaultSealMaxPoll.
 	MaxPoll time.Duration
 	// ModeCheck is how often a sealer of a feed in the locked mode reads
 	// the feed's mode again; a switch's notification cuts the wait short,
@@ -63,6 +76,12 @@ func (o SealerOptions) resolve() (SealerOptions, error) {
 		return o, feed.Invalid("options.sealer.min_poll", "is %v; durations must be positive", o.MinPoll)
 	case o.MinPoll == 0:
 		o.MinPoll = DefaultSealMinPoll
+	}
+	switch {
+	case o.Linger < 0:
+		return o, feed.Invalid("options.sealer.linger", "is %v; durations must be positive", o.Linger)
+	case o.Linger == 0:
+		o.Linger = DefaultSealLinger
 	}
 	switch {
 	case o.MaxPoll < 0:
@@ -227,11 +246,18 @@ func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName) (int64, 
 // targets.
 //
 // The loop: a probe (the mode and whether any row is unsealed, from the
-// partial index); when it finds rows, rounds until one seals nothing, each
-// after the previous at once when it was full, or after MinPoll; then
-// probes again after a pause that doubles from MinPoll to MaxPoll while
-// they find nothing. A row an open writer holds is skipped by the round
-// and sealed by a later one, with that writer's value.
+// partial index); when it finds rows, a round, followed at once by another
+// while each is full; then the next probe after a pause. The pause is
+// MinPoll while the last sealed row is at most Linger old, so a steady
+// stream of commits is sealed within about MinPoll and a round trip of each;
+// past Linger it doubles up to MaxPoll while probes find nothing, which
+// keeps an idle feed's cost to one probe per MaxPoll. A probe that finds
+// nothing runs no round, so an idle or lingering sealer takes no lock, no
+// transaction id and writes no WAL. A round that seals nothing after a probe
+// found rows met only rows held by open writers: the pause doubles then
+// too, so a long transaction costs a round per pause, not one per MinPoll.
+// A row an open writer holds is skipped by the round and sealed by a later
+// one, with that writer's value.
 func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 	if err := f.Validate(); err != nil {
 		return err
@@ -248,6 +274,7 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 		}
 	}()
 	wait := o.MinPoll
+	var lastSealed time.Time
 	pause := func(d time.Duration) bool {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -306,30 +333,29 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 			}
 			lease = l
 		}
-		if !pending {
-			wait = min(max(2*wait, o.MinPoll), o.MaxPoll)
-			if !pause(wait) {
-				return nil
+		sealed, held := 0, false
+		if pending {
+			for ctx.Err() == nil {
+				n, err := s.sealRound(ctx, f)
+				if err != nil {
+					fault("round", err)
+					break
+				}
+				sealed += n
+				if n < o.Limit {
+					held = n == 0
+					break
+				}
 			}
-			continue
 		}
-		for ctx.Err() == nil {
-			n, err := s.sealRound(ctx, f)
-			if err != nil {
-				fault("round", err)
-				break
-			}
-			if n == 0 {
-				break
-			}
+		switch now := time.Now(); {
+		case sealed > 0:
+			lastSealed, wait = now, o.MinPoll
+		case !held && now.Sub(lastSealed) < o.Linger:
 			wait = o.MinPoll
-			if n < o.Limit && !pause(o.MinPoll) {
-				return nil
-			}
+		default:
+			wait = min(max(2*wait, o.MinPoll), o.MaxPoll)
 		}
-		// The last round sealed nothing: what is left, if anything, is held
-		// by open writers, so the next probe waits.
-		wait = min(max(2*wait, o.MinPoll), o.MaxPoll)
 		if !pause(wait) {
 			return nil
 		}
