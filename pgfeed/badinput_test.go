@@ -3,6 +3,7 @@ package pgfeed_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -106,6 +107,18 @@ func TestBadOptions(t *testing.T) {
 	wantInvalid(t, "New(listen timeout -1s)", err, "options.listen_timeout")
 	_, err = pgfeed.New(t.Context(), pool, pgfeed.Options{ListenCheck: -time.Second})
 	wantInvalid(t, "New(listen check -1s)", err, "options.listen_check")
+	for _, c := range []struct {
+		o     pgfeed.SealerOptions
+		field string
+	}{
+		{pgfeed.SealerOptions{Limit: -1}, "options.sealer.limit"},
+		{pgfeed.SealerOptions{MinPoll: -time.Millisecond}, "options.sealer.min_poll"},
+		{pgfeed.SealerOptions{Linger: -time.Millisecond}, "options.sealer.linger"},
+		{pgfeed.SealerOptions{MinPoll: time.Second, MaxPoll: time.Millisecond}, "options.sealer.max_poll"},
+	} {
+		_, err = pgfeed.New(t.Context(), pool, pgfeed.Options{Sealer: c.o})
+		wantInvalid(t, fmt.Sprintf("New(sealer %+v)", c.o), err, c.field)
+	}
 	// A DBTX that is neither a pool nor a conn needs Options.Listen.
 	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
 	s, err := pgfeed.New(t.Context(), wrappedDB{d.pool}, pgfeed.Options{Schema: d.schema})
