@@ -38,8 +38,11 @@ import (
 // out is where the example prints; its test captures it.
 var out io.Writer = os.Stdout
 
+// schema is the example's own, dropped and created again at every run; its
+// test runs in one of its own, so that two runs at once cannot meet.
+var schema = "kairos_capture"
+
 const (
-	schema   = "kairos_capture"
 	feedName = feed.FeedName("products")
 	rows     = 5000
 )

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -28,6 +29,7 @@ func TestCapture(t *testing.T) {
 		t.Skipf("no PostgreSQL: %v", err)
 	}
 	conn.Close(t.Context())
+	schema = fmt.Sprintf("kairos_capture_%d", time.Now().UnixNano())
 	var buf bytes.Buffer
 	out = &buf
 	if err := run(t.Context(), url, t.TempDir()); err != nil {

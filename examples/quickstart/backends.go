@@ -15,7 +15,8 @@ import (
 )
 
 // schema is the quickstart's own: dropped and created again at every run.
-const schema = "kairos_quickstart"
+// Its test runs in one of its own, so that two runs at once cannot meet.
+var schema = "kairos_quickstart"
 
 // pgBackend is the products table in PostgreSQL, with the feed beside it in
 // the same schema.

@@ -2,15 +2,18 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The quickstart is the README's first command: it must keep running, on
 // PostgreSQL and in memory, and keep showing what it claims to show.
 func TestQuickstart(t *testing.T) {
 	url := os.Getenv("KAIROS_TEST_DATABASE_URL")
+	schema = fmt.Sprintf("kairos_quickstart_%d", time.Now().UnixNano())
 	cases := []struct {
 		name, url, backend string
 	}{
