@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The quickstart is the README's first command: it must keep running, on
@@ -14,6 +17,14 @@ import (
 func TestQuickstart(t *testing.T) {
 	url := os.Getenv("KAIROS_TEST_DATABASE_URL")
 	schema = fmt.Sprintf("kairos_quickstart_%d", time.Now().UnixNano())
+	t.Cleanup(func() {
+		// The quickstart leaves its schema for a reader to look at; the
+		// test's own goes.
+		if conn, err := pgx.Connect(context.Background(), url); err == nil {
+			_, _ = conn.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+			_ = conn.Close(context.Background())
+		}
+	})
 	cases := []struct {
 		name, url, backend string
 	}{
