@@ -1,6 +1,6 @@
 // Package config reads the kairos command's configuration file: one YAML
-// document with the database, the lease, the HTTP listener, logging, and the
-// feeds with their sinks. Every mistake is reported before anything
+// document with the database, the lease, the HTTP listener, logging,
+// tombstone collection, and the feeds with their sinks. Every mistake is reported before anything
 // connects, each as an *Error naming the key's dotted path
 // (feeds.orders.sinks.cache.url), its line and column, and what was wanted;
 // one run reports them all. A string may take values from the environment
