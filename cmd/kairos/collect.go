@@ -104,8 +104,9 @@ func (c *collector) run(ctx context.Context) {
 // once collects every running feed's tombstones. A failed collection is
 // logged and counted, and the next interval tries again.
 func (c *collector) once(ctx context.Context, iv time.Duration) {
-	for _, f := range c.feeds() {
-		c.counts.Init(f)
+	feeds := c.feeds()
+	c.counts.Keep(feeds)
+	for _, f := range feeds {
 		start := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, max(iv, time.Minute))
 		n, err := c.collect(cctx, f)

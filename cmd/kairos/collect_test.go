@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,7 +31,8 @@ const collectedTotal = "kairos_feed_tombstones_collected_total"
 // sink passes them; "held" has a second registered sink that never moves,
 // which keeps them; "parked" has a second sink that has passed them but
 // parked one deleted key, which keeps that key's tombstone and no other. Once the sink that never
-// moves is removed, "held"'s tombstones go too, with no kairos collect
+// moves is removed (and a reload that turned collection off has been
+// undone by another), "held"'s tombstones go too, with no kairos collect
 // run, and the oldest tombstone's age drops to 0.
 func TestRunCollectsTombstones(t *testing.T) {
 	t.Parallel()
@@ -85,7 +87,9 @@ func TestRunCollectsTombstones(t *testing.T) {
 	defer cancel()
 	done := make(chan int, 1)
 	logs := &syncWriter{}
-	go func() { done <- run(dctx, []string{"run", "-c", cfg, "--tombstone-poll", "100ms"}, io.Discard, logs) }()
+	go func() {
+		done <- run(dctx, []string{"run", "-c", cfg, "--tombstone-poll", "100ms", "--config-poll", "100ms"}, io.Discard, logs)
+	}()
 	metric := func(name string, f feed.FeedName) float64 {
 		v, _ := value(scrape(addr), name, string(f), "")
 		return v
@@ -124,9 +128,28 @@ WHERE c.seq IS NULL OR c.seq < (SELECT max(seq) FROM "`+schema+`".feed_rows r WH
 		return ok && v == 0
 	}, logs)
 
+	// A reload turns collection off: with the offline sink gone, held's
+	// tombstones could go, and stay. A reload turning it on again
+	// collects them.
+	reload := func(interval string) {
+		t.Helper()
+		if err := os.WriteFile(cfg, []byte(strings.Replace(text, "interval: 200ms", "interval: "+interval, 1)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the reload to collect.interval "+interval, 30*time.Second, func() bool {
+			return strings.Contains(logs.String(), `msg="reload: collect.interval changed" interval=`+interval)
+		}, logs)
+	}
+	reload("0s")
+	time.Sleep(100 * time.Millisecond) // a collection under way when it applied ends
 	if _, err := st.RemoveSink(ctx, feed.SinkID{Feed: "held", Sink: "offline"}); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(time.Second)
+	if got := tombstones("held"); got != "a,b" {
+		t.Fatalf("held's tombstones = %q with collection turned off, want a,b; daemon log:\n%s", got, logs.String())
+	}
+	reload("150ms")
 	waitFor(t, "held's tombstones collected once the offline sink is gone", 30*time.Second, func() bool {
 		v, ok := value(scrape(addr), tombstoneAge, "held", "")
 		return tombstones("held") == "" && metric(collectedTotal, "held") == 2 && ok && v == 0

@@ -133,10 +133,13 @@ func (t *Tombstones) Collect(ch chan<- prometheus.Metric) {
 type Collections struct {
 	collected *prometheus.CounterVec
 	errors    *prometheus.CounterVec
+
+	mu    sync.Mutex
+	feeds map[feed.FeedName]bool // those with series
 }
 
 // NewCollections makes the collection counters, with no series until a
-// feed is named (Init).
+// feed is named (Keep).
 func NewCollections() *Collections {
 	return &Collections{
 		collected: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -147,14 +150,31 @@ func NewCollections() *Collections {
 			Name: "kairos_feed_tombstone_collection_errors_total",
 			Help: "Background collections of the feed's tombstones that failed; each is logged and tried again at the next collect.interval.",
 		}, []string{"feed"}),
+		feeds: map[feed.FeedName]bool{},
 	}
 }
 
-// Init makes f's series exist at 0, so that a rate over them starts at
-// the daemon's start rather than at its first deletion.
-func (c *Collections) Init(f feed.FeedName) {
-	c.collected.WithLabelValues(string(f))
-	c.errors.WithLabelValues(string(f))
+// Keep makes the series of each of feeds exist, at 0 until counted, so
+// that a rate over them starts at the daemon's start rather than at its
+// first deletion, and drops those of every other feed: a feed a reload
+// removed leaves /metrics, as its sinks do.
+func (c *Collections) Keep(feeds []feed.FeedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wanted := make(map[feed.FeedName]bool, len(feeds))
+	for _, f := range feeds {
+		wanted[f] = true
+		c.feeds[f] = true
+		c.collected.WithLabelValues(string(f))
+		c.errors.WithLabelValues(string(f))
+	}
+	for f := range c.feeds {
+		if !wanted[f] {
+			delete(c.feeds, f)
+			c.collected.DeleteLabelValues(string(f))
+			c.errors.DeleteLabelValues(string(f))
+		}
+	}
 }
 
 // Collected counts n tombstones deleted from f.
