@@ -20,15 +20,17 @@ import (
 // tombstone per deleted key for ever.
 //
 // Several daemons over one database each collect. That is safe because a
-// collection is one DELETE statement against one snapshot of the cursors:
-// two at once delete each tombstone once (the second waits on the first's
-// row locks, finds the rows gone and skips them), and a cursor a worker
-// moves meanwhile only means a later collection takes more. It is not
-// serialized by a lock of its own, which through a transaction pooler
-// would need a transaction held open around the statement; instead the
-// first collection waits a random part of the interval and each later one
-// the interval give or take a tenth, so daemons started together drift
-// apart rather than collect in step.
+// collection is one statement against one snapshot of the cursors that
+// never waits on a row: two at once split the tombstones between them,
+// each deleted and counted once, and one a writer holds is left for the
+// next collection, so a collection can never deadlock with the
+// application's writes. A cursor a worker moves meanwhile only means a
+// later collection takes more. Collections are not serialized by a lock of
+// their own, which through a transaction pooler would need a transaction
+// held open around the statement; instead the first collection waits a
+// random part of the interval and each later one the interval give or take
+// a tenth, so daemons started together drift apart rather than collect in
+// step.
 type collector struct {
 	collect func(context.Context, feed.FeedName) (int, error)
 	feeds   func() []feed.FeedName
