@@ -93,7 +93,9 @@ type SyncStore interface {
 	// CollectTombstones deletes the feed's tombstones that every registered
 	// sink's cursor is at or past, keeping any tombstone whose key is parked for
 	// some sink. It collects nothing while any registered sink has no cursor, or
-	// while no sink is registered. It returns how many it deleted.
+	// while no sink is registered. A tombstone a concurrent write or
+	// collection holds may be left for a later call. It returns how many
+	// it deleted.
 	CollectTombstones(ctx context.Context, feed FeedName) (int, error)
 	// RemoveSink unregisters the sink: its cursor row and parked list go. A sink
 	// whose lease a live worker holds is refused with a *LeaseHeldError. It

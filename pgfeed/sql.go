@@ -162,7 +162,16 @@ type statements struct {
 	// collect deletes, in one statement and so against one snapshot of the
 	// cursors, the tombstones at or below every registered sink's cursor,
 	// none while a registered sink has no cursor or none is registered, and
-	// none whose key is parked for any sink.
+	// none whose key is parked for any sink. It locks what it deletes with
+	// SKIP LOCKED and never waits on a row: a tombstone a writer (or
+	// another collection) holds is left for the next collection. Waiting
+	// would let a collection and a transaction that writes several
+	// tombstoned keys lock rows in opposite orders, and PostgreSQL's way out
+	// of that deadlock may be to fail the writer. A row locked once it was
+	// changed is checked again (doc, pending, seq) on its newest version,
+	// and its ctid is then that version's, which the statement's snapshot
+	// does not see: the delete, by ctid (cheaper than again by key), leaves
+	// it for the next collection.
 	collect string
 	// removeCursor deletes the cursor row unless a live lease row holds it
 	// (an advisory holder's liveness was settled by lockSinkXact);
@@ -354,10 +363,13 @@ SELECT g.head FROM g, LATERAL (SELECT pg_notify($3::text, $1::text)) AS n`,
 FROM (SELECT min(deleted_at) AS at FROM ` + r + ` WHERE feed = $1::text AND doc IS NULL AND seq IS NOT NULL) AS t`,
 		collect: `WITH s AS (
 	SELECT count(*) AS sinks, count(seq) AS placed, min(seq) AS low FROM ` + c + ` WHERE feed = $1::text
-), d AS (
-	DELETE FROM ` + r + ` AS r USING s
+), k AS MATERIALIZED (
+	SELECT r.ctid AS t FROM ` + r + ` AS r, s
 	WHERE r.feed = $1::text AND r.doc IS NULL AND NOT r.pending AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
 	  AND NOT EXISTS (SELECT 1 FROM ` + p + ` AS p WHERE p.feed = $1::text AND p.key = r.key)
+	FOR UPDATE OF r SKIP LOCKED
+), d AS (
+	DELETE FROM ` + r + ` AS r WHERE r.ctid = ANY (ARRAY(SELECT t FROM k))
 	RETURNING 1
 )
 SELECT count(*) FROM d`,

@@ -223,7 +223,10 @@ var errNotParked = errors.New("not parked")
 
 // CollectTombstones deletes the tombstones every registered sink has passed,
 // in one statement, so against one snapshot of the cursors; see
-// feed.SyncStore.
+// feed.SyncStore. It never waits on a row lock: a tombstone another
+// transaction holds (a write of its key, another collection) is left for
+// the next collection, so collections from several processes, and the
+// application's writes, never deadlock with one another over it.
 func (s *Store) CollectTombstones(ctx context.Context, f feed.FeedName) (int, error) {
 	if err := f.Validate(); err != nil {
 		return 0, err

@@ -47,8 +47,8 @@ func settled(s syncer.State) bool {
 
 // handler serves /healthz, /readyz, /metrics and the feeds' descriptions
 // under /v1/feeds.
-func handler(sup *supervisor, calls *metrics.Calls, status *reloadStatus, tombs *metrics.Tombstones, st pgStore, url string) http.Handler {
-	reg := metrics.Registry(sup.States, calls, reloadCollector{status}, tombs)
+func handler(sup *supervisor, calls *metrics.Calls, status *reloadStatus, tombs *metrics.Tombstones, collections *metrics.Collections, st pgStore, url string) http.Handler {
+	reg := metrics.Registry(sup.States, calls, reloadCollector{status}, tombs, collections)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -218,7 +218,9 @@ func (c *cli) collectCmd() *cobra.Command {
 		Long: `collect deletes the feed's tombstones that every registered sink's cursor
 has passed, and says what it kept and why: the sink whose cursor is lowest
 holds back every tombstone above it, a resyncing sink holds back all of them,
-and a key parked for any sink keeps its tombstone until it is retried.`,
+and a key parked for any sink keeps its tombstone until it is retried.
+kairos run does the same on its own every collect.interval; collect is for
+now, and for saying what holds tombstones back.`,
 		Args: exactArgs(1, "FEED"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := feed.FeedName(args[0])

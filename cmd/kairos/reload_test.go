@@ -355,6 +355,8 @@ http:
 log:
   format: text
   level: info
+collect:
+  interval: 1m
 feeds:
   orders:
     batch: 100
@@ -375,13 +377,14 @@ feeds:
 		"listen: 127.0.0.1:9187":   "http.listen",
 		"format: text":             "log.format",
 		"level: info":              "",
+		"interval: 1m":             "",
 		"batch: 100":               "",
 		"path: a.jsonl":            "",
 	} {
 		changed := map[string]string{
 			"url: postgres://a@db/app": "url: postgres://b@db/app", "schema: s": "schema: t", "table_prefix: p_": "table_prefix: q_",
 			"kind: row": "kind: advisory", "ttl: 30s": "ttl: 40s", "heartbeat: 10s": "heartbeat: 5s", "margin: 10s": "margin: 5s",
-			"listen: 127.0.0.1:9187": "listen: 127.0.0.1:9188", "format: text": "format: json", "level: info": "level: debug",
+			"listen: 127.0.0.1:9187": "listen: 127.0.0.1:9188", "format: text": "format: json", "level: info": "level: debug", "interval: 1m": "interval: 0",
 			"batch: 100": "batch: 200", "path: a.jsonl": "path: b.jsonl",
 		}[old]
 		got := strings.Join(fixed(cur, parse(strings.Replace(base, old, changed, 1))), ",")

@@ -41,11 +41,19 @@ it), /metrics (Prometheus) and /v1/feeds, /v1/feeds/FEED (describe, as JSON).
 A scrape runs no query: each figure is the workers' own, but for the age of
 each feed's oldest tombstone, read in the background every --tombstone-poll.
 
+Every collect.interval (default 1m; 0 turns it off) the daemon collects each
+feed's tombstones that every registered sink has passed, as kairos collect
+does by hand: a sink that lags, has no cursor yet, or has the key parked
+keeps them. The first collection waits a random part of the interval, so
+daemons over the same database do not collect in step; a failed one is
+logged and tried again at the next interval.
+
 SIGHUP, or a change of the file's content (looked for every --config-poll),
 reloads the sinks: the file is checked in full first, and one with mistakes
 is logged and leaves every worker as it was. Then sinks removed from the file
 stop, new ones start, those whose section changed restart, and the others
-keep running under the lease they hold. A change to database, lease,
+keep running under the lease they hold; log.level and collect.interval apply
+at once. A change to database, lease,
 http.listen or log.format is refused with a log line: those need a restart.
 
 SIGINT or SIGTERM stops the workers, each after its call in flight, releases
@@ -189,10 +197,24 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 		tombs.Run(ctx, do.tombstonePoll, sup.Feeds, st.OldestTombstone, log)
 	}()
 	defer func() { stop(); <-tombsDone }()
-	srv := &http.Server{Handler: handler(sup, calls, status, tombs, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
+	// Collection starts once the workers run: a worker that registers its
+	// sink's first cursor holds the feed's tombstones back from then on.
+	collections := metrics.NewCollections()
+	col := newCollector(cfg.Collect.Interval)
+	col.collect, col.feeds, col.counts, col.log, col.url = st.CollectTombstones, sup.Feeds, collections, log, cfg.Database.URL
+	col.collected = func(ctx context.Context, f feed.FeedName) {
+		_ = tombs.Read(ctx, f, max(do.tombstonePoll, time.Second), st.OldestTombstone) // a failure leaves the next poll to it
+	}
+	colDone := make(chan struct{})
+	go func() {
+		defer close(colDone)
+		col.run(ctx)
+	}()
+	defer func() { stop(); <-colDone }()
+	srv := &http.Server{Handler: handler(sup, calls, status, tombs, collections, pgStore{Store: st, pool: pool}, cfg.Database.URL), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("kairos running", "feeds", len(cfg.Feeds), "sinks", sup.count(), "http", ln.Addr().String(), "lease", leaseKind(cfg.Lease.Kind))
+	log.Info("kairos running", "feeds", len(cfg.Feeds), "sinks", sup.count(), "http", ln.Addr().String(), "lease", leaseKind(cfg.Lease.Kind), "collect_interval", collectText(cfg.Collect.Interval))
 
 	var tick <-chan time.Time
 	if do.poll > 0 && do.path != "" {
@@ -224,6 +246,7 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 		if do.level != nil {
 			do.level.Set(logLevels[next.Log.Level])
 		}
+		col.setInterval(next.Collect.Interval)
 		res := sup.apply(next)
 		cfg = next
 		if len(res.failed) > 0 {
@@ -281,6 +304,14 @@ func fileHash(path string) ([sha256.Size]byte, error) {
 		return [sha256.Size]byte{}, err
 	}
 	return sha256.Sum256(b), nil
+}
+
+// collectText is collect.interval as the log shows it.
+func collectText(d time.Duration) string {
+	if d == 0 {
+		return "off"
+	}
+	return d.String()
 }
 
 func leaseKind(k string) string {

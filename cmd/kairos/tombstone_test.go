@@ -42,14 +42,16 @@ const tombstoneAge = "kairos_feed_oldest_tombstone_age_seconds"
 // registered sink that never moves holds the tombstones back: their ages
 // grow from scrape to scrape while the daemon's own sinks have long passed
 // them. Once that sink is removed and the tombstones collected, the figure
-// drops to 0, which is what a feed without tombstones shows.
+// drops to 0, which is what a feed without tombstones shows. The daemon's
+// own collection is off, so that the test's collection is what removes
+// them (TestRunCollectsTombstones has the daemon do it).
 func TestRunTombstoneAge(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	addr := pgtest.ClosedPort(t)
 	dir := t.TempDir()
 	feeds := []feed.FeedName{"locked", "concurrent", "captured"}
-	text := fmt.Sprintf("database:\n  url: %s\n  schema: %s\nhttp:\n  listen: %s\nfeeds:\n", pgtest.URL(), schema, addr)
+	text := fmt.Sprintf("database:\n  url: %s\n  schema: %s\nhttp:\n  listen: %s\ncollect:\n  interval: 0s\nfeeds:\n", pgtest.URL(), schema, addr)
 	for _, f := range feeds {
 		text += fmt.Sprintf("  %s:\n    poll_interval: 100ms\n    sinks:\n      file:\n        type: file\n        path: %s\n", f, filepath.Join(dir, string(f)+".jsonl"))
 	}

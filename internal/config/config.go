@@ -1,6 +1,6 @@
 // Package config reads the kairos command's configuration file: one YAML
-// document with the database, the lease, the HTTP listener, logging, and the
-// feeds with their sinks. Every mistake is reported before anything
+// document with the database, the lease, the HTTP listener, logging,
+// tombstone collection, and the feeds with their sinks. Every mistake is reported before anything
 // connects, each as an *Error naming the key's dotted path
 // (feeds.orders.sinks.cache.url), its line and column, and what was wanted;
 // one run reports them all. A string may take values from the environment
@@ -33,8 +33,22 @@ type Config struct {
 	Lease    Lease    `yaml:"lease"`
 	HTTP     HTTP     `yaml:"http"`
 	Log      Log      `yaml:"log"`
+	Collect  Collect  `yaml:"collect"`
 	Feeds    []Feed   `yaml:"feeds"`
 }
+
+// Collect is how kairos run collects the feeds' tombstones.
+type Collect struct {
+	// Interval is how often each feed's tombstones that every registered
+	// sink has passed are deleted; 0 turns collection off, and left out it
+	// is DefaultCollectInterval.
+	Interval time.Duration `yaml:"interval"`
+}
+
+// DefaultCollectInterval is collect.interval when the file names none: a
+// tombstone outlives its last sink's pass by about this long, and each
+// collection of a feed with nothing to collect costs one statement.
+const DefaultCollectInterval = time.Minute
 
 // Database is where the feeds live.
 type Database struct {
@@ -268,6 +282,9 @@ func (d *decoder) check(c *Config, types map[string]SinkType) {
 		c.HTTP.Listen = DefaultListen
 	} else if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
 		d.fail("http.listen", at("http.listen"), "is not host:port (like 127.0.0.1:9187 or :9187)")
+	}
+	if at("collect.interval") == nil {
+		c.Collect.Interval = DefaultCollectInterval
 	}
 	switch c.Log.Format {
 	case "":

@@ -85,6 +85,33 @@ func TestParseGood(t *testing.T) {
 	}
 }
 
+// collect.interval defaults to DefaultCollectInterval when left out (with
+// or without its collect section), and 0, with or without a unit, turns
+// collection off.
+func TestCollectInterval(t *testing.T) {
+	for _, c := range []struct {
+		text string
+		want time.Duration
+	}{
+		{"", DefaultCollectInterval},
+		{"collect:\n", DefaultCollectInterval},
+		{"collect: {}\n", DefaultCollectInterval},
+		{"collect:\n  interval: 90s\n", 90 * time.Second},
+		{"collect:\n  interval: 0\n", 0},
+		{"collect:\n  interval: 0s\n", 0},
+		{"collect:\n  interval: \"${EVERY}\"\n", 5 * time.Minute},
+	} {
+		cfg, err := Parse([]byte("database:\n  url: x\n"+c.text), ParseOptions{Env: env(map[string]string{"EVERY": "5m"}), SinkTypes: types})
+		if err != nil {
+			t.Errorf("%q: %v", c.text, err)
+			continue
+		}
+		if cfg.Collect.Interval != c.want {
+			t.Errorf("%q: collect.interval = %v, want %v", c.text, cfg.Collect.Interval, c.want)
+		}
+	}
+}
+
 // Each mistake is reported with its path and line, and one run reports all
 // of them, in the order of the file.
 func TestParseMistakes(t *testing.T) {
@@ -93,7 +120,7 @@ func TestParseMistakes(t *testing.T) {
 		want       []string // "line path: message fragment"
 	}{
 		{"unknown key with a suggestion", "database:\n  url: x\n  shema: k\n", []string{"3 database.shema: is not a known key; did you mean \"schema\"?"}},
-		{"unknown key without one", "database:\n  url: x\nzebra: 1\n", []string{"3 zebra: is not a known key; known keys: database, feeds, http, lease, log"}},
+		{"unknown key without one", "database:\n  url: x\nzebra: 1\n", []string{"3 zebra: is not a known key; known keys: collect, database, feeds, http, lease, log"}},
 		{"wrong type", "database:\n  url: x\nfeeds:\n  f:\n    batch: many\n    sinks:\n      s: {type: redis, url: u}\n", []string{"5 feeds.f.batch: is not a whole number"}},
 		{"bad duration", "database:\n  url: x\nlease:\n  ttl: 30\n", []string{"4 lease.ttl: is 30; want a duration with its unit"}},
 		{"bad duration string", "database:\n  url: x\nlease:\n  ttl: 3 s\n", []string{"4 lease.ttl: is not a duration"}},
@@ -116,6 +143,11 @@ func TestParseMistakes(t *testing.T) {
 		{"unclosed variable", "database:\n  url: postgres://u:${NOPE@h/d\n", []string{"2 database.url: has a ${ without its closing }"}},
 		{"bad listen", "database:\n  url: x\nhttp:\n  listen: 9187\n", []string{"4 http.listen: is not host:port"}},
 		{"bad log level", "database:\n  url: x\nlog:\n  level: loud\n", []string{"4 log.level: is not one of the choices; want one of debug, info, warn, error"}},
+		{"negative collect interval", "database:\n  url: x\ncollect:\n  interval: -1m\n", []string{"4 collect.interval: is -1m0s; durations must not be negative"}},
+		{"collect interval without its unit", "database:\n  url: x\ncollect:\n  interval: 60\n", []string{"4 collect.interval: is 60; want a duration with its unit"}},
+		{"collect interval not a duration", "database:\n  url: x\ncollect:\n  interval: hourly\n", []string{"4 collect.interval: is not a duration"}},
+		{"collect interval typo", "database:\n  url: x\ncollect:\n  intervl: 1m\n", []string{"4 collect.intervl: is not a known key; did you mean \"interval\"?"}},
+		{"collect not a mapping", "database:\n  url: x\ncollect: 1m\n", []string{"3 collect: is a string; want a mapping"}},
 		{"syntax", "database:\n  url: [x\n", []string{"is not valid YAML"}},
 		{"all at once", "database:\n  url: x\n  shema: k\nlease:\n  ttl: forever\nlog:\n  format: xml\n", []string{"3 database.shema:", "5 lease.ttl:", "7 log.format:"}},
 	} {

@@ -6,7 +6,8 @@
 // a key, a document or an error's text, which could hold what a target
 // answered. The one figure no worker knows, each feed's oldest tombstone's
 // age (Tombstones), is read from the store in the background and only
-// looked up at a scrape, so a scrape still runs no query. The kairos
+// looked up at a scrape, so a scrape still runs no query; the daemon's
+// tombstone collections (Collections) are counted as they happen. The kairos
 // daemon serves them, and the benchmark measures a scrape of the same
 // registry.
 package metrics

@@ -17,7 +17,7 @@ import (
 // next, so a clock of this host that disagrees with the database's (or with
 // Prometheus's) plays no part.
 var mTombstoneAge = prometheus.NewDesc("kairos_feed_oldest_tombstone_age_seconds",
-	"Age of the feed's oldest tombstone, as of the last background read plus the time since; 0 when the feed holds none. One that keeps growing says collection is held back: a sink has not passed it, it is parked, or no collection ran (kairos collect says which sink holds it back).",
+	"Age of the feed's oldest tombstone, as of the last background read plus the time since; 0 when the feed holds none. kairos run collects tombstones every collect.interval, so one that keeps growing past that says collection is held back: a sink has not passed it, it is parked, or collection is off or failing (kairos collect says which sink holds it back).",
 	[]string{"feed"}, nil)
 
 // TombstoneReader reads when f's oldest tombstone was made and its age on
@@ -63,17 +63,12 @@ func (t *Tombstones) Run(ctx context.Context, interval time.Duration, feeds func
 		wanted := make(map[feed.FeedName]bool, len(names))
 		for _, f := range names {
 			wanted[f] = true
-			rctx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
-			at, age, err := read(rctx, f)
-			cancel()
-			if err != nil {
+			if err := t.Read(ctx, f, max(interval, time.Second), read); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
 				log.Warn("reading the oldest tombstone failed; its age goes on from the last read", "feed", string(f), "err", err)
-				continue
 			}
-			t.set(f, tombstoneRead{none: at.IsZero(), age: age, at: t.now()})
 		}
 		t.keep(wanted)
 		select {
@@ -82,6 +77,21 @@ func (t *Tombstones) Run(ctx context.Context, interval time.Duration, feeds func
 		case <-tick.C:
 		}
 	}
+}
+
+// Read reads f's oldest tombstone once, within timeout, outside Run's
+// rhythm: a collection that removed tombstones has the figure read again at
+// once rather than left at the age of a tombstone that is gone. A failed
+// read leaves the last figure.
+func (t *Tombstones) Read(ctx context.Context, f feed.FeedName, timeout time.Duration, read TombstoneReader) error {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	at, age, err := read(rctx, f)
+	if err != nil {
+		return err
+	}
+	t.set(f, tombstoneRead{none: at.IsZero(), age: age, at: t.now()})
+	return nil
 }
 
 func (t *Tombstones) set(f feed.FeedName, r tombstoneRead) {
@@ -114,4 +124,73 @@ func (t *Tombstones) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(mTombstoneAge, prometheus.GaugeValue, v, string(f))
 	}
+}
+
+// Collections counts the tombstones kairos run's background collection
+// deleted, and the collections that failed, by feed. Unlike the other
+// figures these are counted as they happen: a deletion leaves nothing in
+// the store to read back at a scrape.
+type Collections struct {
+	collected *prometheus.CounterVec
+	errors    *prometheus.CounterVec
+
+	mu    sync.Mutex
+	feeds map[feed.FeedName]bool // those with series
+}
+
+// NewCollections makes the collection counters, with no series until a
+// feed is named (Keep).
+func NewCollections() *Collections {
+	return &Collections{
+		collected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kairos_feed_tombstones_collected_total",
+			Help: "Tombstones kairos run's background collection deleted (every registered sink had passed them and none was parked); kairos collect run by hand is not counted.",
+		}, []string{"feed"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kairos_feed_tombstone_collection_errors_total",
+			Help: "Background collections of the feed's tombstones that failed; each is logged and tried again at the next collect.interval.",
+		}, []string{"feed"}),
+		feeds: map[feed.FeedName]bool{},
+	}
+}
+
+// Keep makes the series of each of feeds exist, at 0 until counted, so
+// that a rate over them starts at the daemon's start rather than at its
+// first deletion, and drops those of every other feed: a feed a reload
+// removed leaves /metrics, as its sinks do.
+func (c *Collections) Keep(feeds []feed.FeedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wanted := make(map[feed.FeedName]bool, len(feeds))
+	for _, f := range feeds {
+		wanted[f] = true
+		c.feeds[f] = true
+		c.collected.WithLabelValues(string(f))
+		c.errors.WithLabelValues(string(f))
+	}
+	for f := range c.feeds {
+		if !wanted[f] {
+			delete(c.feeds, f)
+			c.collected.DeleteLabelValues(string(f))
+			c.errors.DeleteLabelValues(string(f))
+		}
+	}
+}
+
+// Collected counts n tombstones deleted from f.
+func (c *Collections) Collected(f feed.FeedName, n int) {
+	c.collected.WithLabelValues(string(f)).Add(float64(n))
+}
+
+// Failed counts a failed collection of f.
+func (c *Collections) Failed(f feed.FeedName) { c.errors.WithLabelValues(string(f)).Inc() }
+
+func (c *Collections) Describe(ch chan<- *prometheus.Desc) {
+	c.collected.Describe(ch)
+	c.errors.Describe(ch)
+}
+
+func (c *Collections) Collect(ch chan<- prometheus.Metric) {
+	c.collected.Collect(ch)
+	c.errors.Collect(ch)
 }

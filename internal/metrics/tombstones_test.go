@@ -109,3 +109,38 @@ func TestTombstones(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// Each named feed has both counters from the start, at 0; they count what
+// they are told; a feed no longer named leaves them.
+func TestCollections(t *testing.T) {
+	c := NewCollections()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	gather := func() map[string]float64 {
+		t.Helper()
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, fam := range fams {
+			for _, m := range fam.GetMetric() {
+				out[fam.GetName()+"{"+m.GetLabel()[0].GetValue()+"}"] = m.GetCounter().GetValue()
+			}
+		}
+		return out
+	}
+	const coll, errs = "kairos_feed_tombstones_collected_total", "kairos_feed_tombstone_collection_errors_total"
+	c.Keep([]feed.FeedName{"a", "b"})
+	if got := gather(); len(got) != 4 || got[coll+"{a}"] != 0 || got[errs+"{b}"] != 0 {
+		t.Fatalf("after Keep(a, b): %v; want both counters of both feeds at 0", got)
+	}
+	c.Collected("a", 3)
+	c.Collected("a", 2)
+	c.Failed("b")
+	c.Keep([]feed.FeedName{"a"})
+	got := gather()
+	if len(got) != 2 || got[coll+"{a}"] != 5 || got[errs+"{a}"] != 0 {
+		t.Errorf("after counting and Keep(a): %v; want a's 5 collected and b gone", got)
+	}
+}
