@@ -317,7 +317,7 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 		}
 		for sealed != nil {
 			var waiting bool
-			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.table("rows")+` WHERE feed = $1::text AND pending)`, string(f)).Scan(&waiting); err != nil {
+			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.table("unsealed")+` WHERE feed = $1::text)`, string(f)).Scan(&waiting); err != nil {
 				return 0, err
 			}
 			if !waiting {

@@ -48,7 +48,7 @@ func (e capEnv) inMode(t testing.TB, f feed.FeedName) {
 func (e capEnv) unsealed(t testing.TB, f feed.FeedName) (int64, feed.Seq) {
 	t.Helper()
 	var n, h int64
-	err := e.d.pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM "`+e.d.schema+`".feed_rows WHERE feed = $1 AND pending),
+	err := e.d.pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM "`+e.d.schema+`".feed_unsealed WHERE feed = $1),
 		coalesce((SELECT head FROM "`+e.d.schema+`".feed_generations WHERE feed = $1), 0)`, string(f)).Scan(&n, &h)
 	if err != nil {
 		t.Fatal(err)

@@ -8,18 +8,20 @@
 // # Schema
 //
 // Migrate creates, in a configurable schema (default "kairos") with a
-// configurable table prefix (default "feed_"), five logged tables:
+// configurable table prefix (default "feed_"), six logged tables:
 //
 //   - generations(feed, generation, head, projection, partition,
 //     write_mode): one row per feed, created by its first write (or by
 //     SetWriteMode). This row is the feed lock.
-//   - rows(feed, key, seq, doc jsonb, pending, pending_doc jsonb,
-//     deleted_at): one row per key, its latest sealed document, or a
-//     tombstone (doc NULL) with the time it was made, and, in the
-//     concurrent mode, a write waiting to be sealed beside it (pending;
-//     pending_doc NULL for a delete). Unique on (feed, seq); a key never
-//     sealed has no seq. A partial index holds the sealed tombstones by
-//     feed and time, so the oldest is one probe (OldestTombstone).
+//   - rows(feed, key, seq, doc jsonb, deleted_at): one row per key, its
+//     latest sealed document, or a tombstone (doc NULL) with the time it
+//     was made. Unique on (feed, seq). A partial index holds the
+//     tombstones by feed and time, so the oldest is one probe
+//     (OldestTombstone). (Its pending and pending_doc columns are the
+//     concurrent mode's layout before migration 5, always false and NULL
+//     now.)
+//   - unsealed(feed, key, doc jsonb): in the concurrent mode, a key's write
+//     waiting to be sealed (doc NULL for a delete), one per key.
 //   - sealers(feed, lease_holder, lease_expires_at): the sealer's lease of
 //     each concurrent-mode feed.
 //   - cursors(feed, sink, generation, seq, lease_holder, lease_expires_at,
@@ -75,29 +77,34 @@
 //
 // Concurrent mode. A write takes the feed's write lock shared (a
 // transaction-level advisory lock, held to its commit) and then, in a
-// statement of its own, upserts each key's row unsealed (pending,
-// pending_doc), leaving its sealed seq and doc as they are; it locks no
-// generations row and sends no notify. One sealer per feed, under a lease of
+// statement of its own, upserts each key's write into the unsealed table,
+// leaving the key's sealed row as it is; it locks no generations row and
+// sends no notify. One sealer per feed, under a lease of
 // its own (RunSealer; a syncer.Runner runs it), seals in rounds: a round is
 // one transaction that takes the generations row FOR NO KEY UPDATE, then, in
 // a statement of its own and so a snapshot taken after that lock, moves up
 // to SealerOptions.Limit unsealed rows that no open writer holds (FOR UPDATE
-// SKIP LOCKED) to sealed at head+1.., moves the head past them, and
-// notifies once. The argument: rounds are serialised by that row
+// SKIP LOCKED) to sealed at head+1.. (deleting each from the unsealed
+// table and upserting its key's row at its seq), moves the head past them,
+// and notifies once. The argument: rounds are serialised by that row
 // lock, held to each round's commit, and each hands out seqs above every
 // seq an earlier round handed out, so the seqs of one round become visible
 // after those of every earlier round, and seq order is commit order for
-// every reader, whatever the writers do. A row is sealed with the value its
-// latest committed writer left (the round locks the latest row version); a
-// row an open writer holds is skipped, not waited for, and a later round
-// seals it with that writer's value once it commits, at a seq above all
-// that were visible before. A writer's commit after a round's snapshot is
+// every reader, whatever the writers do. A key is sealed with the value its
+// latest committed writer left (the round locks the latest version of the
+// key's unsealed entry, and deletes that version); an entry an open writer
+// holds is skipped, not waited for, and a later round seals it with that
+// writer's value once it commits, at a seq above all that were visible
+// before. A writer's commit after a round's snapshot is
 // simply sealed by the next round. Two sealers at once (a lease changing
 // hands while the old holder's round is in flight) only take turns. A
 // shared lock waits for no other, so writers of different keys never wait
 // for each other (a writer waits for a round only while the round holds its
-// key's row, being sealed), and writers of one key serialise on its row as
-// on the application's own. What this mode gives up:
+// key's unsealed entry, being sealed), and writers of one key serialise on
+// that entry as on the application's own row. The rows table is written
+// only by rounds, once per sealed write: a writer adds one narrow tuple with
+// one index entry, as the application's own upsert does, and never a
+// second version of the key's wide row. What this mode gives up:
 // a transaction's several keys are sealed by whichever rounds find them, so
 // they may be apart in seq order, or interleaved with another transaction's
 // (guarantee 2 is per key; each key's rows still rise in commit order), and
@@ -109,11 +116,12 @@
 // keys to be sealed (SealedRange, syncer.WaitApplied).
 //
 // RetryParked takes FOR NO KEY UPDATE too (it restamps a sealed row as a
-// round would; a row never sealed is the sealer's). ResetTx takes the write
+// round would; a key never sealed has no row, and its write is the
+// sealer's). ResetTx takes the write
 // lock exclusive, then the generations row FOR UPDATE: the reset waits for
 // every open writer of either mode, and its delete, a later statement and so
-// a later snapshot, removes every row they committed, unsealed ones
-// included, so no row of the old generation is sealed into the new one; a
+// a later snapshot, removes every row and unsealed write they committed, so
+// no row of the old generation is sealed into the new one; a
 // writer that comes after waits for the reset, and its upsert, a statement
 // after its lock, writes into the new generation. Collection leaves alone a
 // tombstone whose key has an unsealed write.

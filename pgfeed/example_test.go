@@ -33,5 +33,6 @@ func ExampleMigrations() {
 	// pgfeed 2 0002_concurrent - "app"."outbox_migrations" "app"."outbox_sealers"
 	// pgfeed 3 0003_capture - "app"."outbox_migrations" "app"."outbox_captures" "app"."outbox_backfills"
 	// pgfeed 4 0004_tombstone_age - "app"."outbox_migrations"
+	// pgfeed 5 0005_unsealed - "app"."outbox_migrations" "app"."outbox_unsealed"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

@@ -2,6 +2,8 @@ package pgfeed_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -83,12 +85,65 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: "x_"}); err != nil || len(got) != 0 {
 		t.Fatalf("a later Migrate applied %v, %v; want nothing", got, err)
 	}
-	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfills", "x_captures", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows", "x_sealers"}) {
+	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfills", "x_captures", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows", "x_sealers", "x_unsealed"}) {
 		t.Fatalf("tables = %v", got)
 	}
 	var unlogged int
 	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relpersistence <> 'p'`, schema).Scan(&unlogged); err != nil || unlogged != 0 {
 		t.Fatalf("%d tables are not logged (%v); fencing state must survive a crash", unlogged, err)
+	}
+}
+
+// TestMigrateMovesUnsealedWrites: a schema whose concurrent-mode feed has
+// writes waiting unsealed in the rows table (the layout before migration 5:
+// a key never sealed, and a sealed key with a newer write beside it) keeps
+// them across the migration: they wait in the unsealed table, a round seals
+// them with their documents, and the old layout's write now fails instead
+// of waiting where no sealer looks.
+func TestMigrateMovesUnsealedWrites(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	schema := pgtest.Schema(t)
+	list, err := pgfeed.Migrations(pgfeed.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range list {
+		if m.Version <= 3 {
+			if _, err := pool.Exec(t.Context(), m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatalf("migration %d: %v", m.Version, err)
+			}
+		}
+	}
+	q := `"` + schema + `".`
+	if _, err := pool.Exec(t.Context(), `INSERT INTO `+q+`feed_generations (feed, head, write_mode) VALUES ('f', 2, 'concurrent');
+INSERT INTO `+q+`feed_rows (feed, key, seq, doc, pending, pending_doc) VALUES
+	('f', 'sealed', 1, '{"v":1}', false, NULL),
+	('f', 'rewritten', 2, '{"v":1}', true, '{"v":2}'),
+	('f', 'deleted', NULL, NULL, true, NULL),
+	('f', 'fresh', NULL, NULL, true, '{"v":3}')`, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema}); err != nil || !slices.Contains(got, 5) {
+		t.Fatalf("Migrate = %v, %v; want migration 5 applied", got, err)
+	}
+	s := newStore(t, db{pool: pool, schema: schema}, pgfeed.Options{})
+	if d, err := s.Describe(t.Context(), "f"); err != nil || d.Unsealed != 3 {
+		t.Fatalf("after the migration: %d unsealed (%v); want 3", d.Unsealed, err)
+	}
+	if got := feedDocs(t, s, "f"); len(got) != 2 || got["sealed"] != `{"v": 1}` || got["rewritten"] != `{"v": 1}` {
+		t.Fatalf("sealed rows before the round = %v; want the two sealed ones as they were", got)
+	}
+	if n := sealAll(t, s, "f"); n != 3 {
+		t.Fatalf("the rounds sealed %d rows; want 3", n)
+	}
+	want := map[feed.Key]string{"sealed": `{"v": 1}`, "rewritten": `{"v": 2}`, "deleted": "", "fresh": `{"v": 3}`}
+	if got := feedDocs(t, s, "f"); !maps.Equal(got, want) {
+		t.Fatalf("after sealing: %v; want %v", got, want)
+	}
+	_, err = pool.Exec(t.Context(), `UPDATE `+q+`feed_rows SET pending = true, pending_doc = '{"v":4}' WHERE feed = 'f' AND key = 'sealed'`)
+	if !strings.Contains(fmt.Sprint(err), "unsealed_writes_live_apart") {
+		t.Fatalf("a write in the old layout after the migration: %v; want the check to refuse it", err)
 	}
 }
 

@@ -110,6 +110,7 @@ type names struct {
 	cursors        string
 	parked         string
 	sealers        string
+	unsealed       string
 	// channel is the NOTIFY channel of every feed under this schema and
 	// prefix; the payload is the feed's name.
 	channel string
@@ -140,6 +141,7 @@ func resolveNames(schema, prefix string) (names, error) {
 		cursors:       t("cursors"),
 		parked:        t("parked"),
 		sealers:       t("sealers"),
+		unsealed:      t("unsealed"),
 		channel:       fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
 		cursorChannel: fmt.Sprintf("kairos_cursor_%016x", uint64(lockKey("cursor", schema, prefix))),
 		modeChannel:   fmt.Sprintf("kairos_mode_%016x", uint64(lockKey("mode", schema, prefix))),

@@ -118,9 +118,10 @@ func (o SealerOptions) resolve() (SealerOptions, error) {
 //
 // Switch a feed to the concurrent mode only once every process that writes
 // to it, reads it or collects its tombstones runs a build that knows the
-// mode: an older build's write would leave an unsealed write to be sealed
-// over its own, and its collection could delete a tombstone whose key has
-// an unsealed put.
+// mode in its current layout (migration 5): a build that predates the
+// mode writes rows sealed over the unsealed writes, and one between
+// migrations 2 and 5 would leave its writes where no sealer looks, which
+// migration 5's check on the rows table refuses.
 func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.WriteMode) error {
 	if err := f.Validate(); err != nil {
 		return err

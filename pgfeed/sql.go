@@ -22,10 +22,11 @@ type statements struct {
 	// writeConcurrent is the concurrent mode's write, run after shareWrite
 	// in the same transaction (and so with a snapshot taken after that lock
 	// was granted): only while the feed's row says the concurrent mode, it
-	// upserts each key's row unsealed (pending, the document in
-	// pending_doc), leaving its sealed seq and doc as they are, and returns
-	// the generation the write lands in. It locks no generations row, so
-	// writers of different keys never wait for each other. No row: the feed is not in the concurrent mode, and nothing
+	// upserts each key's write into the unsealed table (one narrow tuple
+	// and one index entry per key), leaving the key's sealed row as it is,
+	// and returns the generation the write lands in. It locks no
+	// generations row, so writers of different keys never wait for each
+	// other. No row: the feed is not in the concurrent mode, and nothing
 	// was written. No notify: the sealer's round notifies, once.
 	writeConcurrent string
 	// shareWrite and excludeWrite take the feed's write lock, a
@@ -53,13 +54,16 @@ type statements struct {
 	sealLock string
 	// seal is a round's second statement, in the same transaction and so
 	// with a snapshot taken after sealLock was granted: up to $2 unsealed
-	// rows no open writer holds (FOR UPDATE SKIP LOCKED), in key order,
-	// move to sealed at head+1.. (a delete stamped with the round's time,
-	// deleted_at, as the locked write stamps its own), the head moves past
-	// them, and, when any moved, one notify. It returns how many it sealed.
+	// writes no open writer holds (FOR UPDATE SKIP LOCKED, which locks each
+	// entry's latest version and reads its document from it), in key order,
+	// are deleted from the unsealed table and upserted into their keys' rows
+	// at head+1.. (a delete stamped with the round's time, deleted_at, as the
+	// locked write stamps its own), the head moves past them, and, when any
+	// moved, one notify. It returns how many it sealed.
 	seal string
-	// probe reads the feed's mode and whether any row is unsealed, from the
-	// partial index on pending rows.
+	// probe reads the feed's mode and whether any write is unsealed, from
+	// the unsealed table's primary key: an index-only read with no
+	// transaction id.
 	probe string
 	// takeSealer, renewSealer, clearSealer are the sealer's lease row,
 	// as takeRow, renewRow and clearHolder are a sink's.
@@ -201,12 +205,10 @@ type statements struct {
 	describeSinks, describeParked string
 }
 
-// concurrentUpsert is the concurrent mode's upsert of unsealed rows
-// (statements.writeConcurrent), written over the given feed name, keys and
-// documents (text or jsonb), returning the generation, into the given
-// PL/pgSQL target when into is not empty. Write runs it with parameters,
-// and migration 3's write function, which a capture trigger and a backfill
-// call, with its own arguments, so both keep one text of the rules.
+// concurrentUpsert is migration 3's text of the concurrent mode's upsert,
+// which left the write unsealed in the key's row (pending, pending_doc). It
+// is kept only so that migration 3 renders as it always did; migration 5
+// replaces the function that used it with one over unsealedUpsert.
 func (n names) concurrentUpsert(feedName, keys, docs, into string) string {
 	if into != "" {
 		into = " INTO " + into
@@ -217,6 +219,26 @@ func (n names) concurrentUpsert(feedName, keys, docs, into string) string {
 	INSERT INTO ` + n.rows + ` AS r (feed, key, pending, pending_doc)
 	SELECT ` + feedName + `, c.key, true, c.doc::jsonb FROM m, unnest(` + keys + `, ` + docs + `) AS c(key, doc)
 	ON CONFLICT (feed, key) DO UPDATE SET pending = true, pending_doc = excluded.pending_doc
+)
+SELECT generation` + into + ` FROM m`
+}
+
+// unsealedUpsert is the concurrent mode's upsert of unsealed writes
+// (statements.writeConcurrent), written over the given feed name, keys and
+// documents (text or jsonb), returning the generation, into the given
+// PL/pgSQL target when into is not empty. Write runs it with parameters,
+// and migration 5's write function, which a capture trigger and a backfill
+// call, with its own arguments, so both keep one text of the rules.
+func (n names) unsealedUpsert(feedName, keys, docs, into string) string {
+	if into != "" {
+		into = " INTO " + into
+	}
+	return `WITH m AS (
+	SELECT generation FROM ` + n.generations + ` WHERE feed = ` + feedName + ` AND write_mode = 'concurrent'
+), w AS (
+	INSERT INTO ` + n.unsealed + ` AS u (feed, key, doc)
+	SELECT ` + feedName + `, c.key, c.doc::jsonb FROM m, unnest(` + keys + `, ` + docs + `) AS c(key, doc)
+	ON CONFLICT (feed, key) DO UPDATE SET doc = excluded.doc
 )
 SELECT generation` + into + ` FROM m`
 }
@@ -232,7 +254,7 @@ func (n names) statements() statements {
 	}
 	const now = `coalesce($%d::timestamptz, clock_timestamp())`
 	nowAt := func(i int) string { return fmt.Sprintf(now, i) }
-	sl := n.sealers
+	sl, u := n.sealers, n.unsealed
 	return statements{
 		write: `WITH g AS (
 	INSERT INTO ` + g + ` AS g (feed, head) VALUES ($1::text, $2::bigint)
@@ -246,7 +268,7 @@ func (n names) statements() statements {
 )
 SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
 
-		writeConcurrent: n.concurrentUpsert(`$1::text`, `$2::text[]`, `$3::text[]`, ""),
+		writeConcurrent: n.unsealedUpsert(`$1::text`, `$2::text[]`, `$3::text[]`, ""),
 		modeOf:          `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
 		shareFeed:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
 		shareWrite:      `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
@@ -254,24 +276,26 @@ SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text
 		lockReset:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
 		sealLock:        `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
 		seal: `WITH c AS (
-	SELECT key FROM ` + r + ` WHERE feed = $1::text AND pending ORDER BY key LIMIT $2::bigint FOR UPDATE SKIP LOCKED
+	SELECT key, doc FROM ` + u + ` WHERE feed = $1::text ORDER BY key LIMIT $2::bigint FOR UPDATE SKIP LOCKED
 ), o AS (
-	SELECT key, row_number() OVER (ORDER BY key) AS ord FROM c
+	SELECT key, doc, row_number() OVER (ORDER BY key) AS ord FROM c
 ), h AS (
 	UPDATE ` + g + ` SET head = head + (SELECT count(*) FROM c)
 	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM c)
 	RETURNING head - (SELECT count(*) FROM c) AS base
+), d AS (
+	DELETE FROM ` + u + ` AS u USING c WHERE u.feed = $1::text AND u.key = c.key
 ), s AS (
-	UPDATE ` + r + ` AS r SET seq = h.base + o.ord, doc = r.pending_doc, pending = false, pending_doc = NULL,
-		deleted_at = CASE WHEN r.pending_doc IS NULL THEN now() END
-	FROM o, h WHERE r.feed = $1::text AND r.key = o.key
+	INSERT INTO ` + r + ` AS r (feed, key, seq, doc, deleted_at)
+	SELECT $1::text, o.key, h.base + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END FROM o, h
+	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
 	RETURNING 1
 ), n AS (
 	SELECT pg_notify($3::text, $1::text) FROM (SELECT 1 FROM s LIMIT 1) AS one
 )
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM n)`,
 		probe: `SELECT coalesce((SELECT write_mode FROM ` + g + ` WHERE feed = $1::text), 'locked'),
-	EXISTS (SELECT 1 FROM ` + r + ` WHERE feed = $1::text AND pending)`,
+	EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text)`,
 		takeSealer: `INSERT INTO ` + sl + ` AS s (feed, lease_holder, lease_expires_at)
 VALUES ($1::text, $2::text, ` + nowAt(3) + ` + $4::bigint * interval '1 microsecond')
 ON CONFLICT (feed) DO UPDATE SET lease_holder = excluded.lease_holder, lease_expires_at = excluded.lease_expires_at
@@ -286,13 +310,14 @@ RETURNING 1`,
 		notifyMode:  `SELECT pg_notify($1::text, $2::text)`,
 
 		sealedRange: `SELECT coalesce((SELECT generation FROM ` + g + ` WHERE feed = $1::text), 1),
-	min(seq), max(seq), coalesce(bool_or(pending), false)
+	min(seq), max(seq), EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text AND key = ANY ($2::text[]))
 FROM ` + r + ` WHERE feed = $1::text AND key = ANY ($2::text[])`,
 
 		reset: `INSERT INTO ` + g + ` AS g (feed, generation) VALUES ($1::text, 2)
 ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
 RETURNING g.generation`,
-		emptyFeed: `WITH d AS (DELETE FROM ` + r + ` WHERE feed = $1::text) SELECT pg_notify($2::text, $1::text)`,
+		emptyFeed: `WITH d AS (DELETE FROM ` + r + ` WHERE feed = $1::text), e AS (DELETE FROM ` + u + ` WHERE feed = $1::text)
+SELECT pg_notify($2::text, $1::text)`,
 
 		head:       `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
 		generation: `SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text`,
@@ -365,7 +390,8 @@ FROM (SELECT min(deleted_at) AS at FROM ` + r + ` WHERE feed = $1::text AND doc 
 	SELECT count(*) AS sinks, count(seq) AS placed, min(seq) AS low FROM ` + c + ` WHERE feed = $1::text
 ), k AS MATERIALIZED (
 	SELECT r.ctid AS t FROM ` + r + ` AS r, s
-	WHERE r.feed = $1::text AND r.doc IS NULL AND NOT r.pending AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
+	WHERE r.feed = $1::text AND r.doc IS NULL AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
+	  AND NOT EXISTS (SELECT 1 FROM ` + u + ` AS u WHERE u.feed = $1::text AND u.key = r.key)
 	  AND NOT EXISTS (SELECT 1 FROM ` + p + ` AS p WHERE p.feed = $1::text AND p.key = r.key)
 	FOR UPDATE OF r SKIP LOCKED
 ), d AS (
@@ -380,10 +406,11 @@ RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
 		traceKey: `WITH g AS (SELECT generation, head FROM ` + g + ` WHERE feed = $1::text),
-k AS (SELECT seq, doc, pending, pending_doc FROM ` + r + ` WHERE feed = $1::text AND key = $2::text)
+k AS (SELECT seq, doc FROM ` + r + ` WHERE feed = $1::text AND key = $2::text),
+u AS (SELECT doc FROM ` + u + ` WHERE feed = $1::text AND key = $2::text)
 SELECT coalesce((SELECT generation FROM g), 1), coalesce((SELECT head FROM g), 0),
 	EXISTS (SELECT 1 FROM g) OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text),
-	(SELECT seq FROM k), (SELECT doc FROM k), coalesce((SELECT pending FROM k), false), (SELECT pending_doc FROM k),
+	(SELECT seq FROM k), (SELECT doc FROM k), EXISTS (SELECT 1 FROM u), (SELECT doc FROM u),
 	c.sink, c.generation, c.seq, p.seq, p.reason, p.parked_at,
 	CASE WHEN c.seq < (SELECT seq FROM k) THEN
 		(SELECT count(*) FROM ` + r + ` x WHERE x.feed = $1::text AND x.seq > c.seq AND x.seq < (SELECT seq FROM k)) END
@@ -395,7 +422,7 @@ ORDER BY c.sink`,
 		describeFeed: `SELECT coalesce(max(generation), 1), coalesce(max(head), 0),
 	count(*) > 0 OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text),
 	coalesce(max(write_mode), 'locked'),
-	(SELECT count(*) FROM ` + r + ` WHERE feed = $1::text AND pending),
+	(SELECT count(*) FROM ` + u + ` WHERE feed = $1::text),
 	(SELECT lease_holder FROM ` + sl + ` WHERE feed = $1::text),
 	(SELECT lease_expires_at FROM ` + sl + ` WHERE feed = $1::text),
 	(SELECT min(deleted_at) FROM ` + r + ` WHERE feed = $1::text AND doc IS NULL AND seq IS NOT NULL)
