@@ -7,13 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -36,25 +34,10 @@ const collectedTotal = "kairos_feed_tombstones_collected_total"
 // run, and the oldest tombstone's age drops to 0.
 func TestRunCollectsTombstones(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	addr := pgtest.ClosedPort(t)
-	dir := t.TempDir()
 	feeds := []feed.FeedName{"orders", "held", "parked"}
-	text := fmt.Sprintf("database:\n  url: %s\n  schema: %s\nhttp:\n  listen: %s\nlog:\n  level: debug\ncollect:\n  interval: 200ms\nfeeds:\n", pgtest.URL(), schema, addr)
-	for _, f := range feeds {
-		text += fmt.Sprintf("  %s:\n    poll_interval: 100ms\n    sinks:\n      file:\n        type: file\n        path: %s\n", f, filepath.Join(dir, string(f)+".jsonl"))
-	}
-	cfg := writeConfig(t, text)
-	if code, _, stderr := kairos(t, "migrate", "-c", cfg); code != exitOK {
-		t.Fatalf("migrate: %s", stderr)
-	}
-	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	d := newFileDaemon(t, "log:\n  level: debug\ncollect:\n  interval: 200ms\n", feeds...)
+	schema, addr, text, cfg, pool, st := d.schema, d.addr, d.text, d.cfg, d.pool, d.st
 	ctx := t.Context()
-	st, err := pgfeed.New(ctx, pool, pgfeed.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql, args...); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -36,6 +37,39 @@ func scrape(addr string) map[string]*dto.MetricFamily {
 
 const tombstoneAge = "kairos_feed_oldest_tombstone_age_seconds"
 
+// fileDaemon is a daemon's setting for tests of what it does to feeds: a
+// migrated schema of the test's own, a config file (text, at cfg) giving
+// each feed a file sink, polled every 100 ms, and the HTTP server on addr,
+// with settings added at the top level; and a store on that schema, for
+// the test's own writes.
+type fileDaemon struct {
+	schema, addr, text, cfg string
+	pool                    *pgxpool.Pool
+	st                      *pgfeed.Store
+}
+
+func newFileDaemon(t *testing.T, settings string, feeds ...feed.FeedName) fileDaemon {
+	t.Helper()
+	d := fileDaemon{schema: pgtest.Schema(t), addr: pgtest.ClosedPort(t)}
+	dir := t.TempDir()
+	d.text = fmt.Sprintf("database:\n  url: %s\n  schema: %s\nhttp:\n  listen: %s\n%sfeeds:\n", pgtest.URL(), d.schema, d.addr, settings)
+	for _, f := range feeds {
+		d.text += fmt.Sprintf("  %s:\n    poll_interval: 100ms\n    sinks:\n      file:\n        type: file\n        path: %s\n", f, filepath.Join(dir, string(f)+".jsonl"))
+	}
+	d.cfg = writeConfig(t, d.text)
+	if code, _, stderr := kairos(t, "migrate", "-c", d.cfg); code != exitOK {
+		t.Fatalf("migrate: %s", stderr)
+	}
+	d.pool = pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	st, err := pgfeed.New(t.Context(), d.pool, pgfeed.Options{Schema: d.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	d.st = st
+	return d
+}
+
 // The daemon shows each feed's oldest tombstone's age, for every write path
 // that makes one: Write in the locked mode, Write in the concurrent mode
 // (sealed by the daemon's own sealer) and a captured table's DELETE. A
@@ -47,25 +81,10 @@ const tombstoneAge = "kairos_feed_oldest_tombstone_age_seconds"
 // them (TestRunCollectsTombstones has the daemon do it).
 func TestRunTombstoneAge(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	addr := pgtest.ClosedPort(t)
-	dir := t.TempDir()
 	feeds := []feed.FeedName{"locked", "concurrent", "captured"}
-	text := fmt.Sprintf("database:\n  url: %s\n  schema: %s\nhttp:\n  listen: %s\ncollect:\n  interval: 0s\nfeeds:\n", pgtest.URL(), schema, addr)
-	for _, f := range feeds {
-		text += fmt.Sprintf("  %s:\n    poll_interval: 100ms\n    sinks:\n      file:\n        type: file\n        path: %s\n", f, filepath.Join(dir, string(f)+".jsonl"))
-	}
-	cfg := writeConfig(t, text)
-	if code, _, stderr := kairos(t, "migrate", "-c", cfg); code != exitOK {
-		t.Fatalf("migrate: %s", stderr)
-	}
-	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	d := newFileDaemon(t, "collect:\n  interval: 0s\n", feeds...)
+	schema, addr, cfg, pool, st := d.schema, d.addr, d.cfg, d.pool, d.st
 	ctx := t.Context()
-	st, err := pgfeed.New(ctx, pool, pgfeed.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
 	if err := st.SetWriteMode(ctx, "concurrent", feed.WriteConcurrent); err != nil {
 		t.Fatal(err)
 	}
