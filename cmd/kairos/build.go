@@ -67,26 +67,15 @@ var builders = map[string]func(ctx context.Context, s config.Sink, id feed.SinkI
 	},
 	"kafka": func(ctx context.Context, s config.Sink, id feed.SinkID, _ *slog.Logger) (builtSink, error) {
 		c := s.Options.(*kafkaConfig)
-		var client []kgo.Opt
 		switch {
 		case c.Partitions < 0 || c.Partitions > math.MaxInt32:
 			return builtSink{}, fmt.Errorf("%s.partitions: is %d; want 1 to %d, or leave it out for the broker's default", s.Path, c.Partitions, math.MaxInt32)
 		case c.ReplicationFactor < 0 || c.ReplicationFactor > math.MaxInt16:
 			return builtSink{}, fmt.Errorf("%s.replication_factor: is %d; want 1 to %d, or leave it out for the broker's default", s.Path, c.ReplicationFactor, math.MaxInt16)
 		}
-		if c.TLS {
-			client = append(client, kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}))
-		}
-		switch c.SASL.Mechanism {
-		case "":
-		case "plain":
-			client = append(client, kgo.SASL(plain.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsMechanism()))
-		case "scram-sha-256":
-			client = append(client, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha256Mechanism()))
-		case "scram-sha-512":
-			client = append(client, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()))
-		default:
-			return builtSink{}, fmt.Errorf("%s.sasl.mechanism: is not one of the choices; want plain, scram-sha-256 or scram-sha-512", s.Path)
+		client, err := kafkaClient(s, c)
+		if err != nil {
+			return builtSink{}, err
 		}
 		sink, err := kafka.New(ctx, kafka.Options{Brokers: c.Brokers, Feed: id.Feed, Topic: c.Topic, Create: c.Create,
 			Partitions: int32(c.Partitions), ReplicationFactor: int16(c.ReplicationFactor), MaxMessageBytes: c.MaxMessageBytes, ClientOptions: client})
@@ -163,6 +152,26 @@ var builders = map[string]func(ctx context.Context, s config.Sink, id feed.SinkI
 		}
 		return builtSink{sink: sink, close: func() { _ = sink.Close() }}, nil
 	},
+}
+
+// kafkaClient is the client options a Kafka section asks for: TLS and SASL.
+func kafkaClient(s config.Sink, c *kafkaConfig) ([]kgo.Opt, error) {
+	var client []kgo.Opt
+	if c.TLS {
+		client = append(client, kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}))
+	}
+	switch c.SASL.Mechanism {
+	case "":
+	case "plain":
+		client = append(client, kgo.SASL(plain.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsMechanism()))
+	case "scram-sha-256":
+		client = append(client, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha256Mechanism()))
+	case "scram-sha-512":
+		client = append(client, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()))
+	default:
+		return nil, fmt.Errorf("%s.sasl.mechanism: is not one of the choices; want plain, scram-sha-256 or scram-sha-512", s.Path)
+	}
+	return client, nil
 }
 
 // sinkErr places a sink's refusal in the file: an *feed.InvalidError's field

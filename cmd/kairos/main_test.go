@@ -103,7 +103,7 @@ feeds:
 `)
 	t.Setenv("KAIROS_TEST_CHECK_URL", "postgres://app:pw@db/app")
 	g.subst = append(g.subst, good, "<good>")
-	code, out, stderr := g.run("config", "check", "-c", good)
+	code, out, stderr := g.run("config", "check", "--offline", "-c", good)
 	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 2 sinks") {
 		t.Fatalf("check of a good file = exit %d, %q, %q", code, out, stderr)
 	}
@@ -215,7 +215,7 @@ func TestREADMEExampleChecks(t *testing.T) {
 		t.Setenv(v, "x")
 	}
 	t.Setenv("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-	if code, out, stderr := kairos(t, "config", "check", "-c", writeConfig(t, block)); code != exitOK {
+	if code, out, stderr := kairos(t, "config", "check", "--offline", "-c", writeConfig(t, block)); code != exitOK {
 		t.Fatalf("the README's example = exit %d, %q, %q", code, out, stderr)
 	}
 }
@@ -228,7 +228,7 @@ func TestExampleConfigChecks(t *testing.T) {
 	t.Setenv("NATS_PASSWORD", "x")
 	t.Setenv("REDIS_PASSWORD", "x")
 	t.Setenv("PARTNER_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-	code, out, stderr := kairos(t, "config", "check", "-c", "../../examples/kairos.yaml")
+	code, out, stderr := kairos(t, "config", "check", "--offline", "-c", "../../examples/kairos.yaml")
 	if code != exitOK || !strings.Contains(out, "ok: 1 feed, 8 sinks") {
 		t.Fatalf("examples/kairos.yaml = exit %d, %q, %q", code, out, stderr)
 	}

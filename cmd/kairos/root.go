@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -177,14 +178,23 @@ func (c *cli) configCmd() *cobra.Command {
 		Args:  noArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(&cobra.Command{
+	var offline bool
+	var timeout time.Duration
+	check := &cobra.Command{
 		Use:   "check",
-		Short: "Check the configuration file without connecting to anything",
+		Short: "Check the configuration file, then reach every target it names",
 		Long: `check reads the configuration file and reports every mistake in it — an
 unknown key (with the nearest known one), a value of the wrong kind, a bad
 duration, an unknown sink type, a missing required key, a name used twice,
 an environment variable that is not set — each with its path in the file and
-its line. It connects to nothing. Exit code 2 when the file has mistakes.`,
+its line (exit code 2), before it connects to anything.
+
+Then it probes, at once and each within --timeout, the database and every
+sink's target: it connects and asks one harmless question (the server's
+version, a PING, a writable directory), and reports each under its path in
+the file. A probe writes nothing and creates nothing: tables, buckets,
+topics, files and indexes are made by kairos run. Exit code 1 when a target
+cannot be reached. --offline stops after the file's checks.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := c.load()
@@ -196,9 +206,31 @@ its line. It connects to nothing. Exit code 2 when the file has mistakes.`,
 				sinks += len(f.Sinks)
 			}
 			fmt.Fprintf(c.stdout, "%s: ok: %d %s, %d %s\n", c.configPath, len(cfg.Feeds), plural(len(cfg.Feeds), "feed", "feeds"), sinks, plural(sinks, "sink", "sinks"))
+			if offline {
+				return nil
+			}
+			if timeout <= 0 {
+				return usagef("--timeout: is %v; want a positive duration", timeout)
+			}
+			failed := 0
+			res := probeAll(cmd.Context(), cfg, timeout)
+			for _, r := range res {
+				if r.err != nil {
+					failed++
+					fmt.Fprintf(c.stdout, "%s: unreachable: %v\n", r.path, r.err)
+				} else {
+					fmt.Fprintf(c.stdout, "%s: reached: %s\n", r.path, r.said)
+				}
+			}
+			if failed > 0 {
+				return fmt.Errorf("%d of %d %s could not be reached", failed, len(res), plural(len(res), "target", "targets"))
+			}
 			return nil
 		},
-	})
+	}
+	check.Flags().BoolVar(&offline, "offline", false, "check the file only; connect to nothing")
+	check.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long each target's probe may take")
+	cmd.AddCommand(check)
 	return cmd
 }
 
