@@ -160,7 +160,7 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 	}
 	if backend != conn.PgConn().PID() && !l.warned {
 		l.warned = true
-		l.s.logger.Warn("the feed listener's connection goes through a transaction pooler, which does not deliver notifications; workers will fall back to polling. Set pgfeed.Options.Listen to a direct connection", "schema", l.s.names.schema)
+		l.s.logger.Warn("the feed listener's connection goes through a transaction pooler, which does not deliver notifications; workers will fall back to polling. Set pgfeed.Options.Listen (kairos run: database.listen_url) to a direct connection", "schema", l.s.names.schema)
 	}
 	l.mu.Lock()
 	l.setState(true, nil)

@@ -181,6 +181,12 @@ func probeAll(ctx context.Context, cfg *config.Config, timeout time.Duration) []
 		v, err := probePostgres(ctx, cfg.Database.URL)
 		return v, redactErr(err, cfg.Database.URL)
 	}}}
+	if lu := cfg.Database.ListenURL; lu != "" {
+		jobs = append(jobs, job{"database.listen_url", func(ctx context.Context) (string, error) {
+			v, err := probePostgres(ctx, lu)
+			return v, redactErr(err, lu)
+		}})
+	}
 	for _, f := range cfg.Feeds {
 		for _, s := range f.Sinks {
 			jobs = append(jobs, job{s.Path, func(ctx context.Context) (string, error) { return probes[s.Type](ctx, s) }})

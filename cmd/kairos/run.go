@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -152,6 +153,19 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 	}
 	if cfg.Lease.Kind == "advisory" {
 		opts.AdvisoryLock = pool
+	}
+	if lu := cfg.Database.ListenURL; lu != "" {
+		lc, err := pgx.ParseConfig(lu)
+		if err != nil {
+			return usageError{fmt.Errorf("database.listen_url: %w", redactErr(err, lu))}
+		}
+		opts.Listen = func(ctx context.Context) (*pgx.Conn, error) {
+			conn, err := pgx.ConnectConfig(ctx, lc)
+			if err != nil {
+				return nil, fmt.Errorf("database.listen_url: %w", redactErr(err, lu))
+			}
+			return conn, nil
+		}
 	}
 	st, err := pgfeed.New(ctx, pool, opts)
 	if err != nil {

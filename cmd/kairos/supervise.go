@@ -361,6 +361,7 @@ func fixed(cur, next *config.Config) []string {
 		}
 	}
 	add(cur.Database.URL != next.Database.URL, "database.url")
+	add(cur.Database.ListenURL != next.Database.ListenURL, "database.listen_url")
 	add(cur.Database.Schema != next.Database.Schema, "database.schema")
 	add(cur.Database.TablePrefix != next.Database.TablePrefix, "database.table_prefix")
 	add(leaseKind(cur.Lease.Kind) != leaseKind(next.Lease.Kind), "lease.kind")

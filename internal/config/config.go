@@ -55,6 +55,12 @@ type Database struct {
 	// URL is a PostgreSQL connection string; usually ${KAIROS_DATABASE_URL}
 	// or with its password from the environment.
 	URL string `yaml:"url,required"`
+	// ListenURL, when set, is a direct PostgreSQL connection string for the
+	// one session that LISTENs for commits, mode switches and cursor moves:
+	// a transaction pooler in URL's path (PgBouncer) delivers no
+	// notifications, so without it the workers poll and sealers see a mode
+	// switch late. Expanded and kept secret like URL.
+	ListenURL string `yaml:"listen_url"`
 	// Schema and TablePrefix place the feed's tables (pgfeed.Options).
 	Schema      string `yaml:"schema"`
 	TablePrefix string `yaml:"table_prefix"`
