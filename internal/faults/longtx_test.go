@@ -68,6 +68,7 @@ func longTransaction(t *testing.T, mode feed.WriteMode) {
 		}
 		var wg sync.WaitGroup
 		long := make(chan time.Time, 1)
+		var openUntil time.Time
 		wg.Go(func() {
 			err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
 				cs := []feed.Change{e.change(key(base), false), e.change(key(base+1), false)}
@@ -82,12 +83,18 @@ func longTransaction(t *testing.T, mode feed.WriteMode) {
 						return err
 					}
 				}
+				// Open until here: a short commit that returned before this
+				// moment landed while the transaction was open. (The time
+				// after BeginFunc returns would not do: a short writer
+				// waiting on the feed lock gets it at the long commit and
+				// may return before this goroutine runs again.)
+				openUntil = time.Now()
 				return nil
 			})
 			if err != nil {
 				t.Errorf("the long writer: %v", err)
 			}
-			long <- time.Now()
+			long <- openUntil
 		})
 		time.Sleep(200 * time.Millisecond) // the long writer is in
 		var shortAt []time.Time
