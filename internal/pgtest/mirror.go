@@ -214,7 +214,16 @@ func Mirror(t *testing.T, ctx context.Context, sink feed.Sink, sc Scenario) Mirr
 	}
 	caughtUp("at the end")
 
+	// The worker counts a resync, and its recovery, once the move after the
+	// publish has landed; the wait above sees that move in the database,
+	// possibly before the worker's own state says so.
 	st := state()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); st = state() {
+		if st.Resyncs >= 2 && (sc.Fault == nil || !st.RecoveredAt.IsZero()) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if st.Resyncs < 2 {
 		t.Errorf("%d resyncs published; want the first one and the rebuild's", st.Resyncs)
 	}
