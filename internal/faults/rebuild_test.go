@@ -115,6 +115,14 @@ func TestDaemonKilledMidResync(t *testing.T) {
 		e.put(i*1000, i*1000+1000)
 	}
 	eventually(t, "A caught up on generation 1", 90*time.Second, e.caughtUp(sinks...))
+	aHolds := map[feed.LeaseHolder]bool{}
+	if d, err := e.store.Describe(e.ctx, e.feed); err == nil {
+		for _, s := range d.Sinks {
+			if s.Lease != nil {
+				aHolds[s.Lease.Holder] = true
+			}
+		}
+	}
 	b.start()
 	w := e.watch(e.pool, `"`+target+`".orders`)
 	e.rebuildKeeping(func(k feed.Key) bool { return k[len(k)-1]%2 == 0 })
@@ -140,6 +148,22 @@ func TestDaemonKilledMidResync(t *testing.T) {
 	checkOneGeneration(t, "the table", table, e.gen)
 	checkOneGeneration(t, "the file", snap.Docs, e.gen)
 	checkFileLines(t, path)
+	// A sink whose copy A had published before it died is caught up without
+	// B, which takes its lapsed lease only at its next try (every few
+	// seconds): B stops once it holds every sink, so that the check below
+	// judges B's release rather than A's death.
+	eventually(t, "B holding every lease the killed A held", 30*time.Second, func() bool {
+		d, err := e.store.Describe(e.ctx, e.feed)
+		if err != nil {
+			return false
+		}
+		for _, s := range d.Sinks {
+			if s.Lease == nil || aHolds[s.Lease.Holder] {
+				return false
+			}
+		}
+		return len(d.Sinks) == len(sinks)
+	})
 	b.term()
 	e.checkReleased(t, sinks...)
 	if n := e.sessionsLeft(a, b); n != 0 {
