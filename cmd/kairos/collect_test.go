@@ -137,15 +137,7 @@ WHERE c.seq IS NULL OR c.seq < (SELECT max(seq) FROM "`+schema+`".feed_rows r WH
 		v, ok := value(scrape(addr), tombstoneAge, "held", "")
 		return tombstones("held") == "" && metric(collectedTotal, "held") == 2 && ok && v == 0
 	}, logs)
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("the daemon stopped with exit %d:\n%s", code, logs.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the daemon did not stop within 20s of its context ending")
-	}
+	stopInProcess(t, cancel, done, logs)
 	out := logs.String()
 	for _, want := range []string{`msg="tombstones collected" feed=orders count=2`, `msg="tombstones collected" feed=held count=2`, `msg="no tombstones to collect"`, "collect_interval=200ms"} {
 		if !strings.Contains(out, want) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -56,18 +53,21 @@ func startDaemon(t *testing.T, cfg, addr string, args ...string) *daemonProc {
 
 // metrics scrapes the daemon and parses the text format; nil while it does
 // not answer.
-func (d *daemonProc) metrics() map[string]*dto.MetricFamily {
-	resp, err := http.Get("http://" + d.addr + "/metrics")
-	if err != nil {
-		return nil
+func (d *daemonProc) metrics() map[string]*dto.MetricFamily { return scrape(d.addr) }
+
+// stopInProcess ends the context of a kairos run started in this process
+// (cancel), and fails t unless it exits 0, reported on done, within 20 s.
+func stopInProcess(t *testing.T, cancel func(), done <-chan int, logs *syncWriter) {
+	t.Helper()
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("the daemon stopped with exit %d:\n%s", code, logs.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the daemon did not stop within 20s of its context ending")
 	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil
-	}
-	return fams
 }
 
 // value is the metric's value for one feed and sink, and whether it is

@@ -315,15 +315,7 @@ feeds:
 		}
 		return false
 	}, logs)
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("the daemon stopped with exit %d:\n%s", code, logs.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the daemon did not stop within 20s of its context ending")
-	}
+	stopInProcess(t, cancel, done, logs)
 	if strings.Contains(logs.String(), "kairos stopped") {
 		t.Errorf("the daemon logged at info after a reload set log.level to warn:\n%s", logs.String())
 	}

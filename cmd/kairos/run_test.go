@@ -128,15 +128,7 @@ feeds:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("the daemon stopped with exit %d:\n%s", code, logs.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the daemon did not stop within 20s of its context ending")
-	}
+	stopInProcess(t, cancel, done, logs)
 	d, err := st.Describe(t.Context(), "orders")
 	if err != nil {
 		t.Fatal(err)

@@ -93,15 +93,7 @@ feeds:
 	if d.Mode != feed.WriteConcurrent || d.Unsealed != 0 || d.Head != writers*each {
 		t.Fatalf("the feed after the daemon sealed it: mode %s, %d unsealed, head %d; want concurrent, 0, %d", d.Mode, d.Unsealed, d.Head, writers*each)
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("the daemon stopped with exit %d:\n%s", code, logs.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the daemon did not stop within 20s of its context ending")
-	}
+	stopInProcess(t, cancel, done, logs)
 	if d, err = st.Describe(t.Context(), "outbox"); err != nil {
 		t.Fatal(err)
 	}

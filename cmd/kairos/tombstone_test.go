@@ -191,13 +191,5 @@ func TestRunTombstoneAge(t *testing.T) {
 		}
 	}
 	ages("collected", func(_ feed.FeedName, v float64) bool { return v == 0 })
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("the daemon stopped with exit %d:\n%s", code, logs.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the daemon did not stop within 20s of its context ending")
-	}
+	stopInProcess(t, cancel, done, logs)
 }

@@ -116,20 +116,8 @@ func TestDiskFull(t *testing.T) {
 		}
 	}
 	stuck("full", syscall.ENOSPC)
-	began := time.Now()
 	remount("size=64m")
-	eventually(t, "caught up once there is room", 60*time.Second, e.caughtUp(sinks...))
-	t.Logf("caught up %v after the room came back", time.Since(began).Round(time.Millisecond))
-	e.checkSinks(t, targets...)
-	for _, s := range sinks {
-		if p := e.parked(s); len(p) > 0 {
-			t.Errorf("%s parked %d records for a fault of the disk", s, len(p))
-		}
-	}
-	checkFileLines(t, filepath.Join(dir, "orders.jsonl"))
-	for i, r := range recs {
-		r.checkNoRegress(t, targets[i].name)
-	}
+	e.checkRecovered(t, "a full disk", dir, sinks, targets, recs)
 	w.stop()
 	e.checkReleased(t, sinks...)
 }
@@ -233,20 +221,8 @@ func TestDiskReadOnly(t *testing.T) {
 		}
 	}
 
-	began := time.Now()
 	remount("rw")
-	eventually(t, "caught up once the disk is writable", 60*time.Second, e.caughtUp(sinks...))
-	t.Logf("caught up %v after the disk came back", time.Since(began).Round(time.Millisecond))
-	e.checkSinks(t, targets...)
-	for _, s := range sinks {
-		if p := e.parked(s); len(p) > 0 {
-			t.Errorf("%s parked %d records for a read-only disk", s, len(p))
-		}
-	}
-	checkFileLines(t, filepath.Join(dir, "orders.jsonl"))
-	for i, r := range recs {
-		r.checkNoRegress(t, targets[i].name)
-	}
+	e.checkRecovered(t, "a read-only disk", dir, sinks, targets, recs)
 	b.stop()
 	e.checkReleased(t, sinks...)
 }
@@ -307,6 +283,27 @@ func (r *reopening) OpenResync(ctx context.Context, g feed.Generation) (feed.Res
 		return nil, err
 	}
 	return s.OpenResync(ctx, g)
+}
+
+// checkRecovered waits, once the disk is back, for the file sink in dir and
+// the other sinks to catch up, and checks that they hold the feed (I1),
+// parked nothing for what was a fault of the disk, and never took a key
+// back (I2: the file's own lines, and each recorder's reads).
+func (e *env) checkRecovered(t *testing.T, fault, dir string, sinks []feed.SinkName, targets []*target, recs []*recorder) {
+	t.Helper()
+	began := time.Now()
+	eventually(t, "caught up once the disk is back from "+fault, 60*time.Second, e.caughtUp(sinks...))
+	t.Logf("caught up %v after %s", time.Since(began).Round(time.Millisecond), fault)
+	e.checkSinks(t, targets...)
+	for _, s := range sinks {
+		if p := e.parked(s); len(p) > 0 {
+			t.Errorf("%s parked %d records for %s", s, len(p), fault)
+		}
+	}
+	checkFileLines(t, filepath.Join(dir, "orders.jsonl"))
+	for i, r := range recs {
+		r.checkNoRegress(t, targets[i].name)
+	}
 }
 
 // bigDoc is d with 8 KiB more padding.
