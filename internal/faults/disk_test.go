@@ -82,7 +82,10 @@ func TestDiskFull(t *testing.T) {
 
 	stuck := func(what string, want error) {
 		t.Helper()
-		eventually(t, "both sinks failing: "+what, 30*time.Second, func() bool {
+		// Each failed call is followed by the recorder's probe of the
+		// index, which on a full disk can take seconds: a longer wait than
+		// the others'.
+		eventually(t, "both sinks failing: "+what, 90*time.Second, func() bool {
 			for _, s := range w.runner.States() {
 				if s.LastError == nil || !errors.Is(s.LastError, want) {
 					return false
