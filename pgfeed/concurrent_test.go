@@ -414,9 +414,20 @@ func TestConcurrentCommitOrder(t *testing.T) {
 func TestConcurrentResetWaitsForOpenWriters(t *testing.T) {
 	t.Parallel()
 	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	// The open writer writes through Write, or through QueueWrite on a
+	// batch of its own: both take the write lock before their upsert.
+	for _, queued := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Write", true: "QueueWrite"}[queued], func(t *testing.T) {
+			t.Parallel()
+			resetWaitsForOpenWriters(t, d, queued)
+		})
+	}
+}
+
+func resetWaitsForOpenWriters(t *testing.T, d db, queued bool) {
 	s := newStore(t, d, pgfeed.Options{})
 	ctx := t.Context()
-	const f = feed.FeedName("reset")
+	f := feed.FeedName(fmt.Sprintf("reset_%v", queued))
 	concurrentFeed(t, s, f)
 	if _, err := s.WriteCommitted(ctx, f, []feed.Change{feed.Put("sealed", []byte(`1`)), feed.Put("unsealed", []byte(`1`))}); err != nil {
 		t.Fatal(err)
@@ -432,7 +443,16 @@ func TestConcurrentResetWaitsForOpenWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = open.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := s.Write(ctx, open, f, []feed.Change{feed.Put("old", []byte(`"old generation"`))}); err != nil {
+	old := []feed.Change{feed.Put("old", []byte(`"old generation"`))}
+	if queued {
+		b := &pgx.Batch{}
+		if err := s.QueueWrite(b, f, old, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := open.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatal(err)
+		}
+	} else if _, err := s.Write(ctx, open, f, old); err != nil {
 		t.Fatal(err)
 	}
 	reset := make(chan error, 1)

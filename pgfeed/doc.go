@@ -140,6 +140,20 @@
 // writes at once; modewake.go says why no switch is missed, and when the
 // sealer falls back to SealerOptions.ModeCheck.
 //
+// Batched writes. Write costs a round trip of its own beside the
+// application's statements (its concurrent mode a batch of two statements,
+// the locked mode one). QueueWrite instead puts the same write, as one call
+// of migration 6's write_result function, on the application's own
+// pgx.Batch, so a request handler's insert and its feed write travel
+// together. On this 2-core test machine the round trip is most of what the
+// concurrent mode costs 16 writers: QueueWrite kept 0.6–0.74× of the commit
+// rate of the same transactions without the feed where Write kept 0.57–0.58×
+// (BENCHMARKS.md, P6). The function follows the row's mode as Write does,
+// and, being VOLATILE, takes a fresh snapshot for its upsert after its lock
+// statement, so the argument above holds for it unchanged. A batch sent
+// outside a transaction is one implicit transaction: the write commits or
+// rolls back with the rest of the batch.
+//
 // # Cursor moves
 //
 // A cursor move is one statement (plus one for its park changes, in the same

@@ -34,5 +34,6 @@ func ExampleMigrations() {
 	// pgfeed 3 0003_capture - "app"."outbox_migrations" "app"."outbox_captures" "app"."outbox_backfills"
 	// pgfeed 4 0004_tombstone_age - "app"."outbox_migrations"
 	// pgfeed 5 0005_unsealed - "app"."outbox_migrations" "app"."outbox_unsealed"
+	// pgfeed 6 0006_write_result - "app"."outbox_migrations"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

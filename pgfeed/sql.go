@@ -39,6 +39,10 @@ type statements struct {
 	// multixact per new locker and write the row's lock bits to one hot
 	// heap page and the WAL, this writes nothing (BENCHMARKS.md, P6c).
 	shareWrite, excludeWrite string
+	// writeResult is QueueWrite's one statement: migration 6's
+	// write_result function, Write's two modes in one call that returns
+	// the generation and, in the locked mode, the new head.
+	writeResult string
 	// modeOf reads the feed's write mode ('locked' for a feed never written).
 	modeOf string
 	// shareFeed is LockTx's check, under shareWrite, that the feed is still
@@ -243,6 +247,29 @@ func (n names) unsealedUpsert(feedName, keys, docs, into string) string {
 SELECT generation` + into + ` FROM m`
 }
 
+// lockedUpsert is the locked mode's write (statements.write) over the given
+// feed name, change count, keys, documents (text or jsonb) and notify
+// channel, returning the generation and the new head, into the given
+// PL/pgSQL targets when into is not empty. Write runs it with parameters,
+// and migration 6's write_result function, which QueueWrite calls, with its
+// own arguments, so both keep one text of the rules.
+func (n names) lockedUpsert(feedName, count, keys, docs, channel, into string) string {
+	if into != "" {
+		into = " INTO " + into
+	}
+	return `WITH g AS (
+	INSERT INTO ` + n.generations + ` AS g (feed, head) VALUES (` + feedName + `, ` + count + `)
+	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head WHERE g.write_mode = 'locked'
+	RETURNING g.generation, g.head
+), w AS (
+	INSERT INTO ` + n.rows + ` AS r (feed, key, seq, doc, deleted_at)
+	SELECT ` + feedName + `, c.key, g.head - ` + count + ` + c.ord, c.doc::jsonb, CASE WHEN c.doc IS NULL THEN now() END
+	FROM g, unnest(` + keys + `, ` + docs + `) WITH ORDINALITY AS c(key, doc, ord)
+	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
+)
+SELECT g.generation, g.head` + into + ` FROM g, LATERAL (SELECT pg_notify(` + channel + `, ` + feedName + `)) AS n`
+}
+
 func (n names) statements() statements {
 	g, r, c, p := n.generations, n.rows, n.cursors, n.parked
 	// lockHeld is true when this session holds the session advisory lock
@@ -256,19 +283,9 @@ func (n names) statements() statements {
 	nowAt := func(i int) string { return fmt.Sprintf(now, i) }
 	sl, u := n.sealers, n.unsealed
 	return statements{
-		write: `WITH g AS (
-	INSERT INTO ` + g + ` AS g (feed, head) VALUES ($1::text, $2::bigint)
-	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head WHERE g.write_mode = 'locked'
-	RETURNING g.generation, g.head
-), w AS (
-	INSERT INTO ` + r + ` AS r (feed, key, seq, doc, deleted_at)
-	SELECT $1::text, c.key, g.head - $2::bigint + c.ord, c.doc::jsonb, CASE WHEN c.doc IS NULL THEN now() END
-	FROM g, unnest($3::text[], $4::text[]) WITH ORDINALITY AS c(key, doc, ord)
-	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
-)
-SELECT g.generation, g.head FROM g, LATERAL (SELECT pg_notify($5::text, $1::text)) AS n`,
-
+		write:           n.lockedUpsert(`$1::text`, `$2::bigint`, `$3::text[]`, `$4::text[]`, `$5::text`, ""),
 		writeConcurrent: n.unsealedUpsert(`$1::text`, `$2::text[]`, `$3::text[]`, ""),
+		writeResult:     `SELECT written_generation, written_head FROM ` + n.table("write_result") + `($1::text, $2::text[], $3::text[], $4::text, $5::bigint, $6::text)`,
 		modeOf:          `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
 		shareFeed:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
 		shareWrite:      `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
