@@ -121,7 +121,10 @@
 // sent, then closes the client, which fails those it is still retrying, so
 // nothing of the call goes on after it returns; the next call makes a new
 // client (a new producer id). A request already on the wire may still land,
-// which only a stale call can make matter (above).
+// which only a stale call can make matter (above). A batch retried after
+// the brokers had taken part of it produces those records again: a
+// consumer may read a key's record twice at the same seq (never an older
+// one after a newer, from this call's worker), and compaction keeps one.
 //
 // # Testing
 //
