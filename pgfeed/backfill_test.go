@@ -369,3 +369,51 @@ func TestBackfillBadInput(t *testing.T) {
 		t.Fatalf("refused backfills moved the head to %d", h)
 	}
 }
+
+// TestBackfillRefusesWhatWriteRefuses: a row already in the table whose
+// document the feed refuses (JSON null from the capture's expression) or
+// whose key it refuses (over 512 bytes) fails the backfill with the feed's
+// own reason, and the batch it was in writes nothing: no row, no head, no
+// progress. The capture's trigger would have refused the same row; the
+// backfill must not let through what the trigger cannot.
+func TestBackfillRefusesWhatWriteRefuses(t *testing.T) {
+	inBothModes(t, func(t *testing.T, mode feed.WriteMode) {
+		ctx := t.Context()
+		for _, c := range []struct {
+			name, insert, document, want string
+		}{
+			{"JSON null", `INSERT INTO %[1]s VALUES (1000, 'null')`,
+				`CASE WHEN r.v = 'null' THEN 'null'::jsonb ELSE to_jsonb(r) END`, "its document is JSON null"},
+			{"long key", `CREATE UNIQUE INDEX ON %[1]s (v); INSERT INTO %[1]s VALUES (-1, repeat('k', 600))`,
+				``, "more than the 512 allowed"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				e, _ := backfillEnvIn(t, 20, mode)
+				e.exec(t, fmt.Sprintf(c.insert, e.q("t")))
+				spec := pgfeed.CaptureSpec{Feed: "t", Schema: e.d.schema, Table: "t", Document: c.document}
+				if c.document == "" {
+					// The key is the text column, so a long value is a long key.
+					spec.Key = []string{"v"}
+				}
+				if _, err := e.s.Capture(ctx, spec); err != nil {
+					t.Fatal(err)
+				}
+				// The insert went through the trigger of the first capture:
+				// that row is in the feed already; the backfill must add
+				// nothing to it.
+				before := e.feedRows(t, "t")
+				_, h0 := e.unsealed(t, "t")
+				_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100})
+				if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, feed.ErrWriteFailed) {
+					t.Fatalf("Backfill over a row the feed refuses = %v; want a write failure saying %q", err, c.want)
+				}
+				if n, head := e.unsealed(t, "t"); n != 0 || head != h0 {
+					t.Errorf("the refused batch left %d unsealed rows and head %d; want none and %d", n, head, h0)
+				}
+				if rows := e.feedRows(t, "t"); len(rows) != len(before) {
+					t.Errorf("the refused batch wrote %d rows; the feed had %d", len(rows)-len(before), len(before))
+				}
+			})
+		}
+	})
+}
