@@ -528,7 +528,7 @@ func TestCapturePartitionedBadInput(t *testing.T) {
 		CREATE TABLE %[1]s.halfway_a PARTITION OF %[1]s.halfway FOR VALUES IN ('a');
 		CREATE UNIQUE INDEX halfway_key ON ONLY %[1]s.halfway (id, r);
 		CREATE TABLE %[1]s.ih (id int PRIMARY KEY, v text);
-		CREATE TABLE %[1]s.ic (extra int) INHERITS (%[1]s.ih)`)
+		CREATE TABLE %[1]s.ic (extra int, PRIMARY KEY (id)) INHERITS (%[1]s.ih)`)
 	ctx := t.Context()
 	s := e.d.schema
 	q := func(table string) string { return pgx.Identifier{s, table}.Sanitize() }
