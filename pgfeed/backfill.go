@@ -400,6 +400,15 @@ func (s *Store) installedCapture(ctx context.Context, f feed.FeedName) (*capture
 	if err != nil {
 		return nil, 0, err
 	}
+	// A table without the triggers would change under the copy with no
+	// feed write to win over it, and one that still carries them writes
+	// rows the copy does not have.
+	if len(c.uncovered) > 0 {
+		return nil, 0, feed.Invalid("options.feed", "names feed %s, whose capture of table %s does not cover %s (a partition created or attached since, or a capture trigger dropped or disabled): its writes would not reach the feed; run Capture again", f, c.table, strings.Join(c.uncovered, ", "))
+	}
+	if len(c.stray) > 0 {
+		return nil, 0, feed.Invalid("options.feed", "names feed %s, whose capture triggers are still on %s, no longer table %s or under it (a partition detached since): its writes would reach the feed; run Capture again", f, strings.Join(c.stray, ", "), c.table)
+	}
 	if c.version != version {
 		return nil, 0, feed.Invalid("options.feed", "names feed %s, whose capture of table %s was installed at version %s, and the table now gives version %s; run Capture again", f, c.table, version, c.version)
 	}

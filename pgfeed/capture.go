@@ -29,8 +29,10 @@ type CaptureSpec struct {
 	Feed feed.FeedName
 	// Schema is the table's schema. Defaults to DefaultCaptureSchema.
 	Schema string
-	// Table is the captured table, a plain (not partitioned) table.
-	// Required.
+	// Table is the captured table: a plain table, or a partitioned table,
+	// whose triggers then go on every partition under it too (see the
+	// package doc's # Partitioned tables). Not a partition alone, and not a
+	// table of an inheritance tree (INHERITS). Required.
 	Table string
 	// Key names the columns a row's feed key is made of, in order. Some
 	// unique index (not partial, no expressions) of the table must cover
@@ -74,6 +76,18 @@ type CaptureInfo struct {
 	// Changed says whether this Capture installed or replaced the trigger
 	// (false when it found the same version installed).
 	Changed bool
+	// Uncovered names ("schema.table") the tables of the capture, the
+	// captured table and every partition under it, that lack one of its
+	// triggers or have one disabled: their writes do not reach the feed.
+	// A partition created or attached after Capture is one. Empty after a
+	// Capture, which covers them; Backfill refuses while it is not.
+	Uncovered []string
+	// Stray names ("schema.table") the tables that still carry the
+	// capture's triggers but are no longer the captured table or under it
+	// (a detached partition, the table of an earlier spec): their writes
+	// still reach the feed. A Capture removes those triggers; Backfill
+	// refuses until then.
+	Stray []string
 }
 
 // keyTypes are the base types whose text output depends on no session
@@ -104,11 +118,25 @@ type capture struct {
 	// triggers are the four triggers' names (insert, update, delete,
 	// truncate), unquoted.
 	triggers []string
-	// previous is the table an earlier capture of the feed is installed on,
-	// quoted, when it is another one (its triggers are dropped).
-	previous string
-	ddl      string // function and triggers
-	version  string
+	// partitioned says the table is partitioned; parts are then the tables
+	// under it, sub-partitioned ones included, quoted, in name order.
+	partitioned bool
+	parts       []string
+	// before is the name of a partitioned table's BEFORE TRUNCATE trigger;
+	// skip is the setting through which that trigger tells its partitions'
+	// TRUNCATE triggers that the feed is reset anyway (see captureDDL).
+	before, skip string
+	// stale are the DROP TRIGGER statements for the capture's triggers on
+	// tables it no longer covers (an earlier table of the feed, a detached
+	// partition), found by the function they call. They are not part of
+	// ddl, so not of the version: what was installed before does not change
+	// what this spec installs.
+	stale string
+	// uncovered and stray are the gaps of the triggers as installed now
+	// (CaptureInfo's fields).
+	uncovered, stray []string
+	ddl              string // function and triggers
+	version          string
 }
 
 // quoteIdent quotes any identifier, doubling its double quotes.
@@ -131,6 +159,13 @@ func (n names) captureNames(f feed.FeedName) (fn string, triggers []string) {
 		triggers = append(triggers, "kairos_"+h+"_"+ev)
 	}
 	return fn, triggers
+}
+
+// captureTruncateNames are, for f, the name of a partitioned table's BEFORE
+// TRUNCATE trigger and of the transaction-local setting it sets.
+func (n names) captureTruncateNames(f feed.FeedName) (before, skip string) {
+	h := fmt.Sprintf("%016x", uint64(lockKey("capture", n.schema, n.prefix, string(f))))
+	return "kairos_" + h + "_truncating", "kairos.truncate_" + h
 }
 
 // validate checks what can be checked without the catalog.
@@ -187,16 +222,18 @@ func (s *Store) resolveCapture(ctx context.Context, tx pgx.Tx, spec CaptureSpec)
 	}
 	c := &capture{spec: spec, table: quoteIdent(spec.Schema) + "." + quoteIdent(spec.Table)}
 	var kind string
-	err := tx.QueryRow(ctx, `SELECT oid, relkind::text FROM pg_catalog.pg_class WHERE relnamespace = $1::oid AND relname = $2::text`, *nsp, spec.Table).Scan(&c.relid, &kind)
+	var isPartition bool
+	err := tx.QueryRow(ctx, `SELECT oid, relkind::text, relispartition FROM pg_catalog.pg_class WHERE relnamespace = $1::oid AND relname = $2::text`, *nsp, spec.Table).Scan(&c.relid, &kind, &isPartition)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, feed.Invalid("spec.table", "names table %s, which does not exist", c.table)
 	case err != nil:
 		return nil, feed.Unreadable("reading the catalog", err)
-	case kind == "p":
-		return nil, feed.Invalid("spec.table", "names %s, a partitioned table; capture its partitions, or a plain table", c.table)
-	case kind != "r":
+	case kind != "r" && kind != "p":
 		return nil, feed.Invalid("spec.table", "names %s, which is not a table (relkind %s)", c.table, kind)
+	}
+	if err := c.resolveTree(ctx, tx, kind, isPartition); err != nil {
+		return nil, err
 	}
 	rows, err := tx.Query(ctx, `SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull,
 	coalesce(b.typname, t.typname)::text, coalesce(b.typtype, t.typtype) = 'e'
@@ -242,11 +279,11 @@ ORDER BY a.attnum`, c.relid)
 FROM pg_catalog.pg_index i
 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = $1::oid AND i.indisprimary`, c.relid).Scan(&pk); err != nil {
+WHERE i.indrelid = $1::oid AND i.indisprimary AND i.indisvalid`, c.relid).Scan(&pk); err != nil {
 			return nil, feed.Unreadable("reading the catalog", err)
 		}
 		if len(pk) == 0 {
-			return nil, feed.Invalid("spec.key", "is empty and table %s has no primary key; name the key's columns", c.table)
+			return nil, feed.Invalid("spec.key", "is empty and table %s has no primary key (a valid one: not created ON ONLY a partitioned table and left unattached); name the key's columns", c.table)
 		}
 		keyNames = pk
 	} else {
@@ -254,7 +291,7 @@ WHERE i.indrelid = $1::oid AND i.indisprimary`, c.relid).Scan(&pk); err != nil {
 FROM pg_catalog.pg_index i
 CROSS JOIN LATERAL unnest(i.indkey::int2[]) AS k(attnum)
 JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = $1::oid AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+WHERE i.indrelid = $1::oid AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
 GROUP BY i.indexrelid`, c.relid)
 		if err != nil {
 			return nil, feed.Unreadable("reading the catalog", err)
@@ -272,7 +309,7 @@ GROUP BY i.indexrelid`, c.relid)
 			}
 		}
 		if !covered {
-			return nil, feed.Invalid("spec.key", "names columns %q of table %s that no unique index (without a predicate or expressions) covers; two rows could share a key", keyNames, c.table)
+			return nil, feed.Invalid("spec.key", "names columns %q of table %s that no unique index covers (a valid one of the table itself, without a predicate or expressions: a partition's own index, or one created ON ONLY a partitioned table and not yet valid, does not count); two rows could share a key", keyNames, c.table)
 		}
 	}
 	for i, name := range keyNames {
@@ -336,19 +373,191 @@ GROUP BY i.indexrelid`, c.relid)
 	}
 
 	c.fn, c.triggers = s.names.captureNames(spec.Feed)
-	var prevSchema, prevTable string
-	err = tx.QueryRow(ctx, `SELECT table_schema, table_name FROM `+s.names.table("captures")+` WHERE feed = $1::text`, string(spec.Feed)).Scan(&prevSchema, &prevTable)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, feed.Unreadable("reading the captures of feed "+string(spec.Feed), err)
-	case prevSchema != spec.Schema || prevTable != spec.Table:
-		c.previous = quoteIdent(prevSchema) + "." + quoteIdent(prevTable)
+	c.before, c.skip = s.names.captureTruncateNames(spec.Feed)
+	state, err := s.captureState(ctx, tx, spec.Feed, &c.relid, spec.Schema, spec.Table)
+	if err != nil {
+		return nil, err
 	}
+	c.uncovered, c.stray = state.uncovered, state.strayTables
+	var stale strings.Builder
+	for _, t := range state.strayTriggers {
+		fmt.Fprintf(&stale, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t.name), t.table)
+	}
+	c.stale = stale.String()
 	c.ddl = s.captureDDL(c)
 	sum := sha256.Sum256([]byte(c.ddl))
 	c.version = hex.EncodeToString(sum[:8])
 	return c, nil
+}
+
+// relName is a catalog table's quoted, schema-qualified name.
+func relName(schema, table string) string { return quoteIdent(schema) + "." + quoteIdent(table) }
+
+// relNames collects rows of (schema, table) as quoted, qualified names.
+func relNames(rows pgx.Rows) ([]string, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var schema, table string
+		err := r.Scan(&schema, &table)
+		return relName(schema, table), err
+	})
+}
+
+// resolveTree checks where c's table stands among partitions and
+// inheritance, and records a partitioned table's partitions. Only a whole
+// partition tree can be captured: a write that names one partition fires
+// that partition's statement triggers only, so a partition alone misses
+// the writes through its parent, and its feed would key rows that its
+// siblings may share. An inheritance tree is refused outright: an UPDATE or
+// DELETE naming the parent changes the children's rows without firing
+// their triggers, a write naming a child changes rows the parent's reads
+// (and a backfill through it) return, and nothing in PostgreSQL keeps keys
+// unique across the tree.
+func (c *capture) resolveTree(ctx context.Context, tx pgx.Tx, kind string, isPartition bool) error {
+	if isPartition {
+		var schema, table string
+		if err := tx.QueryRow(ctx, `SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_class r
+JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = pg_catalog.pg_partition_root($1::oid)`, c.relid).Scan(&schema, &table); err != nil {
+			return feed.Unreadable("reading the catalog", err)
+		}
+		root := relName(schema, table)
+		return feed.Invalid("spec.table", "names %s, a partition of %s; capture %s, whose triggers then cover every partition under it", c.table, root, root)
+	}
+	related := func(q string) ([]string, error) {
+		rows, err := tx.Query(ctx, q, c.relid)
+		if err != nil {
+			return nil, feed.Unreadable("reading the catalog", err)
+		}
+		names, err := relNames(rows)
+		if err != nil {
+			return nil, feed.Unreadable("reading the catalog", err)
+		}
+		return names, nil
+	}
+	if kind == "r" {
+		children, err := related(`SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_inherits i
+JOIN pg_catalog.pg_class r ON r.oid = i.inhrelid JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+WHERE i.inhparent = $1::oid ORDER BY n.nspname COLLATE "C", r.relname COLLATE "C"`)
+		if err != nil {
+			return err
+		}
+		if len(children) > 0 {
+			return feed.Invalid("spec.table", "names %s, which has inheritance children (%s): writes naming it change their rows without their triggers, and a backfill through it would copy them; capture cannot cover an inheritance tree", c.table, strings.Join(children, ", "))
+		}
+		parents, err := related(`SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_inherits i
+JOIN pg_catalog.pg_class r ON r.oid = i.inhparent JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+WHERE i.inhrelid = $1::oid ORDER BY n.nspname COLLATE "C", r.relname COLLATE "C"`)
+		if err != nil {
+			return err
+		}
+		if len(parents) > 0 {
+			return feed.Invalid("spec.table", "names %s, an inheritance child of %s: writes naming the parent change its rows without its triggers; capture cannot cover an inheritance tree", c.table, strings.Join(parents, ", "))
+		}
+		return nil
+	}
+	c.partitioned = true
+	foreign, err := related(`SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_partition_tree($1::oid::regclass) AS t
+JOIN pg_catalog.pg_class r ON r.oid = t.relid JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+WHERE t.level > 0 AND r.relkind NOT IN ('r', 'p') ORDER BY n.nspname COLLATE "C", r.relname COLLATE "C"`)
+	if err != nil {
+		return err
+	}
+	if len(foreign) > 0 {
+		return feed.Invalid("spec.table", "names %s, which has partitions that are not tables (%s, foreign tables, whose triggers cannot have transition tables, and whose server is written past them); capture cannot cover them", c.table, strings.Join(foreign, ", "))
+	}
+	c.parts, err = related(`SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_partition_tree($1::oid::regclass) AS t
+JOIN pg_catalog.pg_class r ON r.oid = t.relid JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+WHERE t.level > 0`)
+	if err != nil {
+		return err
+	}
+	// In the order of the names as written, so the DDL, and the version,
+	// depend on the set only.
+	slices.Sort(c.parts)
+	return nil
+}
+
+// captureTriggers is where a capture's triggers are, against where they
+// should be.
+type captureTriggers struct {
+	// uncovered and strayTables are CaptureInfo's Uncovered and Stray.
+	uncovered, strayTables []string
+	// strayTriggers are the capture's triggers on tables it does not
+	// cover, and those of its names a covered table should not have (a
+	// former root's BEFORE TRUNCATE trigger, now a partition's).
+	strayTriggers []struct{ table, name string }
+}
+
+// captureState reads where f's triggers are, against where they should be
+// for the table relid (nil: schema.table, looked up by name; a table that
+// no longer exists is then uncovered): on the table, and on every
+// partition under it when it is partitioned, every one of them present,
+// calling f's function, and enabled (a trigger enabled for replicas only
+// does not fire for the application's writes either). Its triggers are
+// found by the function they call, so a table renamed since keeps them.
+func (s *Store) captureState(ctx context.Context, q DBTX, f feed.FeedName, relid *uint32, schema, table string) (captureTriggers, error) {
+	var st captureTriggers
+	fail := func(err error) (captureTriggers, error) {
+		return captureTriggers{}, feed.Unreadable("reading the triggers of feed "+string(f), err)
+	}
+	if relid == nil {
+		if err := q.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1::text)::oid`, relName(schema, table)).Scan(&relid); err != nil {
+			return fail(err)
+		}
+		if relid == nil {
+			st.uncovered = []string{schema + "." + table}
+		}
+	}
+	fn, triggers := s.names.captureNames(f)
+	before, _ := s.names.captureTruncateNames(f)
+	rows, err := q.Query(ctx, `WITH fn AS (SELECT pg_catalog.to_regprocedure($2::text) AS oid),
+tree AS (
+	SELECT $1::oid AS relid, true AS root WHERE $1::oid IS NOT NULL
+	UNION ALL
+	SELECT t.relid, false FROM pg_catalog.pg_partition_tree($1::oid::regclass) AS t WHERE t.level > 0
+), want AS (
+	SELECT tree.relid, w.name FROM tree, unnest($3::text[]) AS w(name)
+	UNION ALL
+	SELECT tree.relid, $4::text FROM tree JOIN pg_catalog.pg_class r ON r.oid = tree.relid WHERE tree.root AND r.relkind = 'p'
+)
+SELECT 'uncovered', n.nspname::text, r.relname::text, ''
+FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+WHERE r.oid IN (SELECT w.relid FROM want AS w WHERE NOT EXISTS (
+	SELECT FROM pg_catalog.pg_trigger g, fn
+	WHERE g.tgrelid = w.relid AND g.tgname = w.name AND g.tgfoid = fn.oid AND g.tgenabled IN ('O', 'A')))
+UNION ALL
+SELECT CASE WHEN g.tgrelid IN (SELECT tree.relid FROM tree) THEN 'extra' ELSE 'stray' END, n.nspname::text, r.relname::text, g.tgname::text
+FROM pg_catalog.pg_trigger g JOIN fn ON g.tgfoid = fn.oid
+JOIN pg_catalog.pg_class r ON r.oid = g.tgrelid JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+WHERE NOT g.tgisinternal AND (g.tgrelid, g.tgname::text) NOT IN (SELECT want.relid, want.name FROM want)
+ORDER BY 1, 2, 3, 4`, relid, fn+"()", triggers, before)
+	if err != nil {
+		return fail(err)
+	}
+	type found struct{ what, schema, table, trigger string }
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (found, error) {
+		var f found
+		return f, r.Scan(&f.what, &f.schema, &f.table, &f.trigger)
+	})
+	if err != nil {
+		return fail(err)
+	}
+	for _, x := range all {
+		switch x.what {
+		case "uncovered":
+			st.uncovered = append(st.uncovered, x.schema+"."+x.table)
+		case "stray":
+			if name := x.schema + "." + x.table; !slices.Contains(st.strayTables, name) {
+				st.strayTables = append(st.strayTables, name)
+			}
+			fallthrough
+		default:
+			st.strayTriggers = append(st.strayTriggers, struct{ table, name string }{relName(x.schema, x.table), x.trigger})
+		}
+	}
+	// Sorted as written, whatever the database's collation.
+	slices.Sort(st.uncovered)
+	slices.Sort(st.strayTables)
+	return st, nil
 }
 
 // table is the quoted, schema-qualified name of this package's table (or
@@ -357,7 +566,7 @@ func (n names) table(t string) string {
 	return pgschema.Names{Schema: n.schema, Prefix: n.prefix}.Table(t)
 }
 
-// captureDDL is the trigger function and the four triggers for c. The
+// captureDDL is the trigger function and the triggers for c. The
 // function builds the statement's change set from its transition tables
 // and hands it to the feed's write function, which applies Write's rules;
 // an UPDATE hands, as tombstones, the keys of old rows no new row has, and
@@ -367,6 +576,27 @@ func (n names) table(t string) string {
 // tombstones' keys are none of the documents', so the set has each key
 // once, as the write function needs. TRUNCATE moves the feed to a new
 // generation.
+//
+// A partitioned table gets the same INSERT, UPDATE and DELETE triggers on
+// itself and on every partition under it: a statement fires the statement
+// triggers of the table it names only, and its transition tables hold the
+// rows it changed in every partition under that one, so each write is seen
+// once, whichever table it names. An UPDATE through a parent that moves a
+// row to another partition is in its transition tables as the old and the
+// new row, and since every unique index of a partitioned table includes
+// the partition key, so does the capture's key: the old key is tombstoned.
+// (One that names the partition is refused by PostgreSQL.) A TRUNCATE of
+// the partitioned table resets the feed as a plain table's does; one of a
+// partition, which fires its own TRUNCATE triggers and those of the
+// partitions under it, tombstones each partition's rows from a BEFORE
+// TRUNCATE trigger, as only it can still read them. A TRUNCATE of the
+// partitioned table fires its partitions' triggers too, first its own
+// BEFORE trigger, then theirs, then its AFTER trigger: the first records
+// the partitions' OIDs in a transaction-local setting, under which their
+// triggers write nothing (the reset empties the feed anyway), and the last
+// clears it, so that a later TRUNCATE of a partition in the same
+// transaction tombstones again. A plain table's SQL is the same as before
+// partitioned tables were supported, so its installed version stays.
 func (s *Store) captureDDL(c *capture) string {
 	feedLit, chanLit := quoteLiteral(string(c.spec.Feed)), quoteLiteral(s.names.channel)
 	// Keys are compared as the feed compares them, byte by byte: under the
@@ -392,6 +622,32 @@ func (s *Store) captureDDL(c *capture) string {
 		newRec, oldCmp, unchanged = "", c.docExpr+" AS doc", "o.doc::text IS NOT DISTINCT FROM n.doc::text"
 	}
 	write, reset := s.names.table("write"), s.names.table("reset")
+	truncate := fmt.Sprintf(`    ELSE
+        PERFORM %s(%s, %s, %d);
+        RETURN NULL;
+    END IF;
+`, reset, feedLit, chanLit, s.writeKey(c.spec.Feed))
+	if c.partitioned {
+		skip := quoteLiteral(c.skip)
+		// The partition's rows are read through a statement of its own
+		// name, ONLY, so a sub-partitioned table, whose partitions have
+		// triggers of their own, reads none.
+		rowsOf := quoteLiteral("SELECT array_agg(" + keyC + "), array_agg(NULL::jsonb) FROM ONLY ")
+		truncate = fmt.Sprintf(`    ELSIF TG_NAME = %[1]s THEN
+        PERFORM set_config(%[2]s, coalesce(',' || (SELECT string_agg(t.relid::oid::text, ',')
+            FROM pg_partition_tree(TG_RELID::regclass) AS t WHERE t.level > 0) || ',', ''), true);
+        RETURN NULL;
+    ELSIF TG_WHEN = 'AFTER' THEN
+        PERFORM set_config(%[2]s, '', true);
+        PERFORM %[3]s(%[4]s, %[5]s, %[6]d);
+        RETURN NULL;
+    ELSIF strpos(coalesce(current_setting(%[2]s, true), ''), ',' || TG_RELID::oid::text || ',') > 0 THEN
+        RETURN NULL;
+    ELSE
+        EXECUTE %[7]s || TG_RELID::regclass::text || ' AS r' INTO k, d;
+    END IF;
+`, quoteLiteral(c.before), skip, reset, feedLit, chanLit, s.writeKey(c.spec.Feed), rowsOf)
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `-- Kairos capture of table %[1]s into feed %[2]s.
 CREATE OR REPLACE FUNCTION %[3]s() RETURNS trigger
@@ -407,56 +663,61 @@ BEGIN
             SELECT o.key, NULL::jsonb AS doc FROM (SELECT %[4]s AS key FROM kairos_old AS r) AS o
             WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[4]s = o.key)
             UNION ALL
-            SELECT n.key, n.doc FROM (SELECT %[4]s AS key, %[5]s AS doc%[10]s FROM kairos_new AS r) AS n
-            WHERE NOT EXISTS (SELECT FROM (SELECT %[4]s AS key, %[12]s FROM kairos_old AS r) AS o
-                WHERE o.key = n.key AND %[13]s)
+            SELECT n.key, n.doc FROM (SELECT %[4]s AS key, %[5]s AS doc%[8]s FROM kairos_new AS r) AS n
+            WHERE NOT EXISTS (SELECT FROM (SELECT %[4]s AS key, %[9]s FROM kairos_old AS r) AS o
+                WHERE o.key = n.key AND %[10]s)
         ) AS c;
     ELSIF TG_OP = 'DELETE' THEN
         SELECT array_agg(%[4]s), array_agg(NULL::jsonb) INTO k, d FROM kairos_old AS r;
-    ELSE
-        PERFORM %[6]s(%[8]s, %[9]s, %[11]d);
-        RETURN NULL;
-    END IF;
-    PERFORM %[7]s(%[8]s, k, d, %[9]s, %[11]d);
+%[11]s    PERFORM %[6]s(%[7]s, k, d, %[12]s, %[13]d);
     RETURN NULL;
 END
 $kairos$;
-`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, reset, write, feedLit, chanLit, newRec, s.writeKey(c.spec.Feed), oldCmp, unchanged)
-	if c.previous != "" {
-		for _, t := range c.triggers {
-			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t), c.previous)
-		}
-	}
+`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed))
 	refs := []string{
 		"AFTER INSERT ON %s REFERENCING NEW TABLE AS kairos_new",
 		"AFTER UPDATE ON %s REFERENCING OLD TABLE AS kairos_old NEW TABLE AS kairos_new",
 		"AFTER DELETE ON %s REFERENCING OLD TABLE AS kairos_old",
 		"AFTER TRUNCATE ON %s",
 	}
-	for i, t := range c.triggers {
-		fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t), c.table)
-		fmt.Fprintf(&b, "CREATE TRIGGER %s "+refs[i]+" FOR EACH STATEMENT EXECUTE FUNCTION %s();\n", quoteIdent(t), c.table, c.fn)
+	install := func(table string, refs []string) {
+		for i, t := range c.triggers {
+			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t), table)
+			fmt.Fprintf(&b, "CREATE TRIGGER %s "+refs[i]+" FOR EACH STATEMENT EXECUTE FUNCTION %s();\n", quoteIdent(t), table, c.fn)
+		}
+	}
+	install(c.table, refs)
+	if c.partitioned {
+		fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(c.before), c.table)
+		fmt.Fprintf(&b, "CREATE TRIGGER %s BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s();\n", quoteIdent(c.before), c.table, c.fn)
+		partRefs := slices.Clone(refs)
+		partRefs[3] = "BEFORE TRUNCATE ON %s"
+		for _, p := range c.parts {
+			install(p, partRefs)
+		}
 	}
 	return b.String()
 }
 
-// installSQL is the whole capture script: the capture lock, the DDL and the
-// registry row.
+// installSQL is the whole capture script: the capture lock, the removal of
+// triggers the capture no longer needs, the DDL and the registry row.
 func (s *Store) installSQL(c *capture) (string, error) {
 	spec, err := json.Marshal(c.spec)
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%sINSERT INTO %s AS c (feed, table_schema, table_name, spec, version)\nVALUES (%s, %s, %s, %s::jsonb, %s)\nON CONFLICT (feed) DO UPDATE SET table_schema = excluded.table_schema, table_name = excluded.table_name,\n    spec = excluded.spec, version = excluded.version, installed_at = clock_timestamp();\n",
-		s.names.captureLockKey(), c.ddl, s.names.table("captures"),
+	return fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s%sINSERT INTO %s AS c (feed, table_schema, table_name, spec, version)\nVALUES (%s, %s, %s, %s::jsonb, %s)\nON CONFLICT (feed) DO UPDATE SET table_schema = excluded.table_schema, table_name = excluded.table_name,\n    spec = excluded.spec, version = excluded.version, installed_at = clock_timestamp();\n",
+		s.names.captureLockKey(), c.stale, c.ddl, s.names.table("captures"),
 		quoteLiteral(string(c.spec.Feed)), quoteLiteral(c.spec.Schema), quoteLiteral(c.spec.Table), quoteLiteral(string(spec)), quoteLiteral(c.version)), nil
 }
 
 // CaptureSQL returns the SQL Capture would run for spec, resolved against
 // the database's catalog as it is now, for review or a migration tool of
-// the team's own: one script that takes the capture lock, creates the
-// trigger function and the four triggers, and records the capture. Run it
-// in one transaction. It changes nothing itself.
+// the team's own: one script that takes the capture lock, drops the
+// capture's triggers from tables it no longer covers, creates the trigger
+// function and the triggers (on a partitioned table, on every partition as
+// it is now: run it again, or Capture, after adding one), and records the
+// capture. Run it in one transaction. It changes nothing itself.
 func (s *Store) CaptureSQL(ctx context.Context, spec CaptureSpec) (string, error) {
 	var out string
 	err := s.captureTx(ctx, func(tx pgx.Tx) error {
@@ -507,34 +768,42 @@ func (s *Store) captureTx(ctx context.Context, fn func(pgx.Tx) error) error {
 func (s *Store) Capture(ctx context.Context, spec CaptureSpec) (CaptureInfo, error) {
 	var info CaptureInfo
 	err := s.captureTx(ctx, func(tx pgx.Tx) error {
-		c, err := s.resolveCapture(ctx, tx, spec)
-		if err != nil {
-			return err
+		// A partition attached while the catalog was read, before the
+		// install locked its parent, is found by the next round, which
+		// installs again under those locks.
+		for round := 0; ; round++ {
+			c, err := s.resolveCapture(ctx, tx, spec)
+			if err != nil {
+				return err
+			}
+			var version string
+			err = tx.QueryRow(ctx, `SELECT coalesce((SELECT version FROM `+s.names.table("captures")+` WHERE feed = $1::text), '')`,
+				string(c.spec.Feed)).Scan(&version)
+			if err != nil {
+				return feed.Unreadable("reading the captures of feed "+string(c.spec.Feed), err)
+			}
+			changed := info.Changed
+			info = CaptureInfo{Feed: c.spec.Feed, Schema: c.spec.Schema, Table: c.spec.Table, Version: c.version, Changed: changed}
+			for _, k := range c.key {
+				info.Key = append(info.Key, k.name)
+			}
+			if version == c.version && len(c.uncovered) == 0 && c.stale == "" {
+				return nil
+			}
+			if round == 2 {
+				info.Uncovered, info.Stray = c.uncovered, c.stray
+				return feed.WriteFailed("installing the capture of table "+c.table+" into feed "+string(c.spec.Feed),
+					fmt.Errorf("its partitions kept changing while it was installed (uncovered: %q, stray: %q); run Capture again", c.uncovered, c.stray))
+			}
+			script, err := s.installSQL(c)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return feed.WriteFailed("installing the capture of table "+c.table+" into feed "+string(c.spec.Feed), err)
+			}
+			info.Changed = true
 		}
-		info = CaptureInfo{Feed: c.spec.Feed, Schema: c.spec.Schema, Table: c.spec.Table, Version: c.version}
-		for _, k := range c.key {
-			info.Key = append(info.Key, k.name)
-		}
-		var version string
-		var present int
-		err = tx.QueryRow(ctx, `SELECT coalesce((SELECT version FROM `+s.names.table("captures")+` WHERE feed = $1::text), ''),
-	(SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgrelid = $2::oid AND tgname = ANY ($3::text[]))`,
-			string(c.spec.Feed), c.relid, c.triggers).Scan(&version, &present)
-		if err != nil {
-			return feed.Unreadable("reading the captures of feed "+string(c.spec.Feed), err)
-		}
-		if version == c.version && present == len(c.triggers) {
-			return nil
-		}
-		script, err := s.installSQL(c)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol); err != nil {
-			return feed.WriteFailed("installing the capture of table "+c.table+" into feed "+string(c.spec.Feed), err)
-		}
-		info.Changed = true
-		return nil
 	})
 	if err != nil {
 		return CaptureInfo{}, err
@@ -590,18 +859,34 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 
 // Captures lists the installed captures, by feed. Key is the spec's as
 // given: empty for a capture keyed on the primary key. Changed is false.
+// Uncovered and Stray are the gaps in each capture's triggers as they are
+// now: partitions created or attached since its Capture, triggers disabled
+// or dropped, tables detached that still carry them (a captured table that
+// no longer exists is uncovered). Any gap means the feed misses or gains
+// writes; Capture closes it.
 func (s *Store) Captures(ctx context.Context) ([]CaptureInfo, error) {
 	rows, err := s.db.Query(ctx, `SELECT feed, table_schema, table_name, spec, version FROM `+s.names.table("captures")+` ORDER BY feed`)
 	if err != nil {
 		return nil, feed.Unreadable("reading the captures", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CaptureInfo, error) {
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (CaptureInfo, error) {
 		var ci CaptureInfo
 		var spec CaptureSpec
 		err := r.Scan(&ci.Feed, &ci.Schema, &ci.Table, &spec, &ci.Version)
 		ci.Key = spec.Key
 		return ci, err
 	})
+	if err != nil {
+		return nil, feed.Unreadable("reading the captures", err)
+	}
+	for i, ci := range list {
+		st, err := s.captureState(ctx, s.db, ci.Feed, nil, ci.Schema, ci.Table)
+		if err != nil {
+			return nil, err
+		}
+		list[i].Uncovered, list[i].Stray = st.uncovered, st.strayTables
+	}
+	return list, nil
 }
 
 // SplitKey undoes the key encoding of a capture keyed on several columns

@@ -216,7 +216,8 @@
 //
 // # Capture
 //
-// Capture makes a plain table write its own feed: whatever writes the table
+// Capture makes a table (plain or partitioned, see # Partitioned tables)
+// write its own feed: whatever writes the table
 // (the application, psql, another service, a migration, COPY), the feed rows
 // are written in that transaction, so they commit with it or not at all.
 // Three statement-level AFTER triggers (INSERT, UPDATE, DELETE; PostgreSQL
@@ -277,6 +278,54 @@
 // SQL (CaptureSQL) serialise on an advisory transaction lock of the schema
 // and prefix; a repeated Capture finds the same version installed and
 // changes nothing.
+//
+// # Partitioned tables
+//
+// A partitioned table is captured whole: the same statement triggers go on
+// it and on every partition under it, sub-partitioned ones included. A
+// statement fires the statement triggers of the table it names only, with
+// transition tables holding the rows it changed in every partition under
+// that one, so a write is captured once whether it names the partitioned
+// table, a sub-partitioned one or a leaf. An UPDATE through a parent that
+// moves a row to another partition tombstones its old key (every unique
+// index of a partitioned table includes the partition key, so the
+// capture's key does too); PostgreSQL refuses one that names the partition.
+// A TRUNCATE of the partitioned table moves the feed to a new generation; a
+// TRUNCATE of a partition (or of a sub-partitioned table) tombstones that
+// partition's rows from a BEFORE TRUNCATE trigger, the last moment they can
+// be read. The partitioned table's TRUNCATE fires its partitions' triggers
+// too; its own BEFORE trigger, which fires first, sets a transaction-local
+// setting with their OIDs, under which they write nothing, and its AFTER
+// trigger, the reset, clears it. A partition alone is refused (it would miss
+// the writes through its parent), and so is a table of an inheritance tree
+// (INHERITS): a write naming a parent changes its children's rows without
+// their triggers, a backfill through a parent copies its children's rows,
+// and no index keeps keys unique across the tree. Key columns must be
+// covered by a valid unique index of the partitioned table itself, not by
+// one of a partition's.
+//
+// Partitions created or attached after Capture have no triggers, and a
+// detached one keeps them; Captures reports both (CaptureInfo.Uncovered and
+// Stray), as it reports a capture trigger dropped or disabled (ALTER TABLE
+// … DISABLE TRIGGER) on any captured table, plain ones included; kairos
+// capture list warns of them and its --check exits 1. Backfill refuses while
+// a gap is open, and Capture closes it: it installs the triggers on every
+// partition as the tree is now and drops them from tables no longer in it.
+// The capture's version covers the partition set, so a Capture after an
+// ATTACH installs. Rows an attached partition already holds need a Backfill;
+// those of a detached one stay in the feed until a Backfill as a new
+// generation. No event trigger closes the gaps on its own: it needs a
+// superuser to install, and it could not copy the rows an attached partition
+// already holds anyway.
+//
+// Known limits. A partition's TRUNCATE trigger reads the rows it tombstones
+// as the truncating role: under row-level security it tombstones only the
+// rows that role can see. The setting that holds the partitions' triggers
+// back belongs to the session, so a writer could set it itself and TRUNCATE
+// a partition without its tombstones (as one could disable the triggers
+// outright, with the rights to). A TRUNCATE that names a partition before its
+// partitioned table tombstones that partition's rows before the reset
+// removes them again: correct, but not free.
 //
 // # Backfill
 //

@@ -105,10 +105,19 @@ instead, for a migration tool of your own.`,
 			return nil
 		},
 	}
+	var check bool
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "List the captured tables",
-		Args:  noArgs,
+		Short: "List the captured tables, and the gaps in their triggers",
+		Long: `list prints every captured table with its feed, key and version, then a
+warning line for each gap in a capture's triggers: a table of the capture
+(a partition created or attached since, or any table whose capture trigger
+was dropped or disabled) whose writes do not reach the feed, or a table no
+longer captured (a partition detached since) that still writes into it.
+"kairos capture add" with the same arguments closes the gaps; a backfill
+refuses until then. --check exits 1 when any capture has a gap, 0
+otherwise, for an alert.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
@@ -132,9 +141,28 @@ instead, for a migration tool of your own.`,
 				}
 				fmt.Fprintf(tw, "%s\t%s.%s\t%s\t%s\n", ci.Feed, ci.Schema, ci.Table, k, ci.Version)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			gaps := 0
+			for _, ci := range caps {
+				for _, t := range ci.Uncovered {
+					fmt.Fprintf(c.stdout, "warning: feed %s: %s has no enabled capture triggers, so its writes do not reach the feed; run kairos capture add again\n", ci.Feed, t)
+				}
+				for _, t := range ci.Stray {
+					fmt.Fprintf(c.stdout, "warning: feed %s: %s is no longer %s.%s or under it but still carries its capture triggers, so its writes reach the feed; run kairos capture add again\n", ci.Feed, t, ci.Schema, ci.Table)
+				}
+				if len(ci.Uncovered)+len(ci.Stray) > 0 {
+					gaps++
+				}
+			}
+			if check && gaps > 0 {
+				return fmt.Errorf("%d of %d captures have gaps in their triggers", gaps, len(caps))
+			}
+			return nil
 		},
 	}
+	list.Flags().BoolVar(&check, "check", false, "exit 1 when any capture has a gap in its triggers")
 	cmd.AddCommand(add, remove, list)
 	return cmd
 }

@@ -56,3 +56,39 @@ func TestCaptureAndBackfillVerbs(t *testing.T) {
 		t.Fatalf("a second capture remove = exit %d; want %d", code, exitFailure)
 	}
 }
+
+// TestCaptureListGaps: capture list warns of a partition created after the
+// capture, and --check exits 1 until capture add runs again.
+func TestCaptureListGaps(t *testing.T) {
+	schema := pgtest.Schema(t)
+	cfg, _ := migratedOn(t, schema)
+	ctx := t.Context()
+	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	q := `"` + schema + `".`
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+q+`orders (id int, region text, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+		CREATE TABLE `+q+`orders_eu PARTITION OF `+q+`orders FOR VALUES IN ('eu')`); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, stderr := kairos(t, "capture", "add", "orders", schema+".orders", "-c", cfg); code != exitOK || !strings.HasPrefix(out, "installed: ") {
+		t.Fatalf("capture add = exit %d, %q, %q", code, out, stderr)
+	}
+	if code, out, stderr := kairos(t, "capture", "list", "--check", "-c", cfg); code != exitOK || strings.Contains(out, "warning") {
+		t.Fatalf("capture list --check with no gap = exit %d, %q, %q; want %d and no warning", code, out, stderr, exitOK)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+q+`orders_us PARTITION OF `+q+`orders FOR VALUES IN ('us')`); err != nil {
+		t.Fatal(err)
+	}
+	warning := "warning: feed orders: " + schema + ".orders_us has no enabled capture triggers"
+	if code, out, _ := kairos(t, "capture", "list", "-c", cfg); code != exitOK || !strings.Contains(out, warning) {
+		t.Fatalf("capture list with a new partition = exit %d, %q; want %d and %q", code, out, exitOK, warning)
+	}
+	if code, out, stderr := kairos(t, "capture", "list", "--check", "-c", cfg); code != exitFailure || !strings.Contains(out, warning) || !strings.Contains(stderr, "1 of 1 captures have gaps") {
+		t.Fatalf("capture list --check with a new partition = exit %d, %q, %q; want %d", code, out, stderr, exitFailure)
+	}
+	if code, out, _ := kairos(t, "capture", "add", "orders", schema+".orders", "-c", cfg); code != exitOK || !strings.HasPrefix(out, "installed: ") {
+		t.Fatalf("capture add again = exit %d, %q", code, out)
+	}
+	if code, out, _ := kairos(t, "capture", "list", "--check", "-c", cfg); code != exitOK || strings.Contains(out, "warning") {
+		t.Fatalf("capture list --check after capture add again = exit %d, %q; want %d", code, out, exitOK)
+	}
+}
