@@ -164,17 +164,27 @@ func (e *env) watermillPipe(ctx context.Context, s *schema, a *arrivals, poll ti
 	}
 	stop := func() { cancel(); w.close(); <-done }
 	commit := func(_ context.Context, i int) error { return w.pub.Publish(wmTopic, wmMessage(i)) }
-	if err := commit(ctx, -1); err != nil {
-		stop()
-		return nil, err
+	// The warm-up message is published again every 10 s until one
+	// arrives: on a loaded machine the subscriber's first polls (its
+	// offsets table set up beside the publisher's first insert) have been
+	// seen to miss it for longer than the 30 s the wait was once. Every
+	// copy carries the warm-up's number, which the arrivals ignore.
+	deadline := time.After(90 * time.Second)
+	for {
+		if err := commit(ctx, -1); err != nil {
+			stop()
+			return nil, err
+		}
+		select {
+		case <-a.warm:
+			return &pipe{commit: commit, counter: w.counter, close: stop}, nil
+		case <-time.After(10 * time.Second):
+			continue
+		case <-deadline:
+			stop()
+			return nil, fmt.Errorf("watermill never delivered the warm-up message (published every 10 s for 90 s)")
+		}
 	}
-	select {
-	case <-a.warm:
-	case <-time.After(30 * time.Second):
-		stop()
-		return nil, fmt.Errorf("watermill never delivered the warm-up message")
-	}
-	return &pipe{commit: commit, counter: w.counter, close: stop}, nil
 }
 
 // latency paces LatencyRate single-change commits a second for LatencyFor
