@@ -152,6 +152,12 @@ func run(ctx context.Context, url, dir string) error {
 	ran := make(chan error, 1)
 	go func() { ran <- runner.Run(rctx) }()
 	defer func() { stopRunner(); <-ran }()
+	// A deployed runner is up before requests come: wait until it has
+	// taken the sink and found nothing to do, so handler 0's first wait
+	// does not count its start.
+	if err := idle(ctx, runner); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "1. feed %s in the %s write mode, mirrored into %s\n", feedName, feed.WriteConcurrent, filepath.Base(path))
 
 	// 2. The request handlers.
@@ -308,6 +314,23 @@ func (a *app) deleteOrder(ctx context.Context, id int, done func(feed.WriteResul
 		return err
 	}
 	return a.pool.SendBatch(ctx, b).Close()
+}
+
+// idle waits until the runner's worker is idle: it holds the sink and has
+// sent all there was.
+func idle(ctx context.Context, runner *syncer.Runner) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for runner.States()[0].Phase != syncer.PhaseIdle {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the runner is not idle after 30s: %s", runner.States()[0].Phase)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // caughtUp waits until the sealer has sealed every write (in the concurrent
