@@ -146,8 +146,8 @@
 // of migration 6's write_result function, on the application's own
 // pgx.Batch, so a request handler's insert and its feed write travel
 // together. On this 2-core test machine the round trip is most of what the
-// concurrent mode costs 16 writers: QueueWrite kept 0.6–0.74× of the commit
-// rate of the same transactions without the feed where Write kept 0.57–0.58×
+// concurrent mode costs 16 writers: QueueWrite kept 0.55–0.68× of the commit
+// rate of the same transactions without the feed where Write kept 0.51–0.59×
 // (BENCHMARKS.md, P6). The function follows the row's mode as Write does,
 // and, being VOLATILE, takes a fresh snapshot for its upsert after its lock
 // statement, so the argument above holds for it unchanged. A batch sent
