@@ -433,19 +433,23 @@ JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = pg_catalo
 		}
 		return names, nil
 	}
+	// inherits names the tables on the other side of the table's
+	// pg_inherits rows: its children (the rows where it is inhparent), or
+	// its parents (where it is inhrelid).
+	inherits := func(this, other string) ([]string, error) {
+		return related(`SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_inherits i
+JOIN pg_catalog.pg_class r ON r.oid = i.` + other + ` JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+WHERE i.` + this + ` = $1::oid ORDER BY n.nspname COLLATE "C", r.relname COLLATE "C"`)
+	}
 	if kind == "r" {
-		children, err := related(`SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_inherits i
-JOIN pg_catalog.pg_class r ON r.oid = i.inhrelid JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
-WHERE i.inhparent = $1::oid ORDER BY n.nspname COLLATE "C", r.relname COLLATE "C"`)
+		children, err := inherits("inhparent", "inhrelid")
 		if err != nil {
 			return err
 		}
 		if len(children) > 0 {
 			return feed.Invalid("spec.table", "names %s, which has inheritance children (%s): writes naming it change their rows without their triggers, and a backfill through it would copy them; capture cannot cover an inheritance tree", c.table, strings.Join(children, ", "))
 		}
-		parents, err := related(`SELECT n.nspname::text, r.relname::text FROM pg_catalog.pg_inherits i
-JOIN pg_catalog.pg_class r ON r.oid = i.inhparent JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
-WHERE i.inhrelid = $1::oid ORDER BY n.nspname COLLATE "C", r.relname COLLATE "C"`)
+		parents, err := inherits("inhrelid", "inhparent")
 		if err != nil {
 			return err
 		}

@@ -214,7 +214,7 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 			b.Queue(s.sql.writeConcurrent, string(f), keys, docs).QueryRow(func(r pgx.Row) error { return r.Scan(&gen) })
 			err := tx.SendBatch(ctx, b).Close()
 			if err == nil {
-				return feed.WriteResult{Generation: feed.Generation(gen), Unsealed: unsealedKeys(changes)}, nil
+				return concurrentResult(gen, changes), nil
 			}
 			if !errors.Is(err, pgx.ErrNoRows) {
 				return fail(err)
@@ -222,10 +222,9 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 			mode = feed.WriteLocked
 		} else {
 			var gen, head int64
-			n := int64(len(changes))
-			err := tx.QueryRow(ctx, s.sql.write, string(f), n, keys, docs, s.names.channel).Scan(&gen, &head)
+			err := tx.QueryRow(ctx, s.sql.write, string(f), int64(len(changes)), keys, docs, s.names.channel).Scan(&gen, &head)
 			if err == nil {
-				return feed.WriteResult{Generation: feed.Generation(gen), First: feed.Seq(head - n + 1), Last: feed.Seq(head)}, nil
+				return lockedResult(gen, head, len(changes)), nil
 			}
 			if !errors.Is(err, pgx.ErrNoRows) {
 				return fail(err)
@@ -253,13 +252,20 @@ func writeArrays(changes []feed.Change) (keys []string, docs []*string) {
 	return keys, docs
 }
 
-// unsealedKeys is a concurrent-mode write's WriteResult.Unsealed.
-func unsealedKeys(changes []feed.Change) []feed.Key {
-	out := make([]feed.Key, len(changes))
+// lockedResult is a locked-mode write's result: its n changes took the
+// seqs up to the new head.
+func lockedResult(gen, head int64, n int) feed.WriteResult {
+	return feed.WriteResult{Generation: feed.Generation(gen), First: feed.Seq(head - int64(n) + 1), Last: feed.Seq(head)}
+}
+
+// concurrentResult is a concurrent-mode write's result: no seqs, its keys
+// unsealed.
+func concurrentResult(gen int64, changes []feed.Change) feed.WriteResult {
+	keys := make([]feed.Key, len(changes))
 	for i, c := range changes {
-		out[i] = c.Key
+		keys[i] = c.Key
 	}
-	return out
+	return feed.WriteResult{Generation: feed.Generation(gen), Unsealed: keys}
 }
 
 // QueueWrite queues the write of changes to f on b, the caller's own batch,
@@ -284,10 +290,9 @@ func unsealedKeys(changes []feed.Change) []feed.Key {
 // Close (or by the read of its result) as a *feed.WriteFailedError. done
 // may be nil; it is called at most once, only when the write succeeded.
 //
-// As with Write, in the concurrent mode a key the application deletes must
-// be locked by the application's own statement first (its DELETE must find
-// the row, or it locks nothing): see the README's rules for writing the
-// feed yourself.
+// As with Write, in either mode the application's own statement must lock
+// the key's row before the feed write (a DELETE that finds no row locks
+// nothing): see the README's rule for writing the feed yourself.
 func (s *Store) QueueWrite(b *pgx.Batch, f feed.FeedName, changes []feed.Change, done func(feed.WriteResult)) error {
 	if b == nil {
 		return feed.Invalid("batch", "must not be nil")
@@ -319,11 +324,10 @@ func (s *Store) QueueWrite(b *pgx.Batch, f feed.FeedName, changes []feed.Change,
 		var res feed.WriteResult
 		if head == nil {
 			s.modes.Store(f, feed.WriteConcurrent)
-			res = feed.WriteResult{Generation: feed.Generation(gen), Unsealed: unsealedKeys(changes)}
+			res = concurrentResult(gen, changes)
 		} else {
 			s.modes.Store(f, feed.WriteLocked)
-			n := int64(len(changes))
-			res = feed.WriteResult{Generation: feed.Generation(gen), First: feed.Seq(*head - n + 1), Last: feed.Seq(*head)}
+			res = lockedResult(gen, *head, len(changes))
 		}
 		if done != nil {
 			done(res)

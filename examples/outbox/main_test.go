@@ -2,34 +2,23 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kairos-es/kairos/internal/pgtest"
 )
 
 // The outbox example is the README's QueueWrite use case run in earnest: 16
 // handlers writing colliding orders into a concurrent-mode feed must keep
 // ending with the file equal to the table.
 func TestOutbox(t *testing.T) {
-	url := os.Getenv("KAIROS_TEST_DATABASE_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/postgres"
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	conn, err := pgx.Connect(ctx, url)
-	cancel()
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("no PostgreSQL (CI is set, so this is a failure): %v", err)
-		}
-		t.Skipf("no PostgreSQL: %v", err)
-	}
-	conn.Close(t.Context())
+	url := pgtest.URL()
+	// Fails in CI, skips elsewhere, when no PostgreSQL answers.
+	pgtest.Pool(t, url, pgx.QueryExecModeCacheStatement)
 	schema = fmt.Sprintf("kairos_outbox_%d", time.Now().UnixNano())
 	var buf bytes.Buffer
 	out = &buf
