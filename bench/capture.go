@@ -28,6 +28,14 @@ import (
 //     updated column left out of the document, against the UPDATE without
 //     the trigger: an UPDATE that changes no document writes no feed row,
 //     so this is the trigger's cost without the feed write.
+//   - K update concurrent: the same UPDATE of a table captured into a feed
+//     in the concurrent write mode, against the same bare UPDATE: the
+//     trigger records the statement's keys, and no sealer runs while it
+//     is timed.
+//   - K update concurrent sealed: the same, timed until the sealer's
+//     rounds (run one after the other right after the UPDATE, as a caught
+//     up sealer would) have sealed it: the whole cost of the write, the
+//     documents the sealer reads from the table included.
 //   - K writers: Writers concurrent writers commit single-row upserts into
 //     a captured table, against the same into a table without the trigger,
 //     for WritersFor each, one after the other; commits per second. The
@@ -55,7 +63,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	var upd, updBase, updFloor, updSame, updSameBase, wr, wrBase, wc, wcBase, bf, bfBase, bfFloor, bfc []float64
+	var upd, updBase, updFloor, updSame, updSameBase, updC, updCSealed, wr, wrBase, wc, wcBase, bf, bfBase, bfFloor, bfc []float64
 	for r := range sz.Runs {
 		if err := func() error {
 			s, err := e.newSchema(ctx, admin)
@@ -74,6 +82,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 			}
 			upd, updBase, updFloor = append(upd, u.captured), append(updBase, u.raw), append(updFloor, u.floor)
 			updSame, updSameBase = append(updSame, u.unchanged), append(updSameBase, u.raw)
+			updC, updCSealed = append(updC, u.concurrent), append(updCSealed, u.sealed)
 			a, b, err := e.captureWriters(ctx, admin, s, st, r, feed.WriteLocked)
 			if err != nil {
 				return err
@@ -101,6 +110,10 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 			"ms", upd, updFloor, "figure/baseline", div, "", nil),
 		newRow("K update unchanged", fmt.Sprintf("one UPDATE of %d rows of a captured table, of a column the document leaves out (no feed write); baseline: the same UPDATE without the trigger", sz.CaptureRows),
 			"ms", updSame, updSameBase, "figure/baseline", div, "", nil),
+		newRow("K update concurrent", fmt.Sprintf("one UPDATE of %d rows of a table captured in the concurrent write mode (the trigger records the keys); baseline: the same UPDATE without the trigger", sz.CaptureRows),
+			"ms", updC, updBase, "figure/baseline", div, "≤ 1.5×", func(_, r float64) bool { return r <= 1.5 }),
+		newRow("K update concurrent sealed", "the same, timed until the sealer has sealed every row it changed (the documents read from the table); baseline: the same UPDATE without the trigger",
+			"ms", updCSealed, updBase, "figure/baseline", div, "", nil),
 		newRow("K writers", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (locked mode), commit rate; baseline: the same without the trigger", sz.Writers),
 			"commits/s", wr, wrBase, "figure/baseline", div, "", nil),
 		newRow("K writers concurrent", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (concurrent mode, its sealer running), commit rate; baseline: the same without the trigger", sz.Writers),
@@ -131,7 +144,7 @@ func captureTables(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfe
 }
 
 // updateTimes are K update's sides, each the median of one run's statements.
-type updateTimes struct{ captured, raw, floor, unchanged float64 }
+type updateTimes struct{ captured, raw, floor, unchanged, concurrent, sealed float64 }
 
 func (e *env) captureUpdate(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (updateTimes, error) {
 	sz := e.sizes
@@ -160,8 +173,36 @@ func (e *env) captureUpdate(ctx context.Context, admin *pgxpool.Pool, s *schema,
 	if _, err := st.Capture(ctx, pgfeed.CaptureSpec{Feed: "k_upd_same", Schema: s.name, Table: "upd_same", Exclude: []string{"n"}}); err != nil {
 		return updateTimes{}, err
 	}
+	// Concurrent: a table captured into a feed in the concurrent mode,
+	// sealed by rounds run right after each UPDATE.
+	cc := s.qualify("upd_cc")
+	if err := fillTable(ctx, admin, cc, sz.CaptureRows); err != nil {
+		return updateTimes{}, err
+	}
+	if _, err := admin.Exec(ctx, `VACUUM (ANALYZE) `+cc); err != nil {
+		return updateTimes{}, err
+	}
+	if err := st.SetWriteMode(ctx, "k_upd_cc", feed.WriteConcurrent); err != nil {
+		return updateTimes{}, err
+	}
+	if _, err := st.Capture(ctx, pgfeed.CaptureSpec{Feed: "k_upd_cc", Schema: s.name, Table: "upd_cc"}); err != nil {
+		return updateTimes{}, err
+	}
+	var sealed []float64
+	seal := func(start time.Time) error {
+		for {
+			n, err := st.SealRound(ctx, "k_upd_cc")
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				sealed = append(sealed, float64(time.Since(start).Nanoseconds())/1e6)
+				return nil
+			}
+		}
+	}
 	var next int64
-	sides := [4]func() error{
+	sides := [5]func() error{
 		func() error { _, err := admin.Exec(ctx, `UPDATE `+capT+` SET n = n + 1`); return err },
 		func() error { _, err := admin.Exec(ctx, `UPDATE `+raw+` SET n = n + 1`); return err },
 		func() error {
@@ -177,11 +218,12 @@ ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`, n
 			})
 		},
 		func() error { _, err := admin.Exec(ctx, `UPDATE `+same+` SET n = n + 1`); return err },
+		func() error { _, err := admin.Exec(ctx, `UPDATE `+cc+` SET n = n + 1`); return err },
 	}
-	var per [4][]float64
+	var per [5][]float64
 	for i := range sz.CaptureUpdates + 1 { // the first round is the warm-up
-		for j := range 4 {
-			k := (i + j + run) % 4
+		for j := range 5 {
+			k := (i + j + run) % 5
 			start := time.Now()
 			if err := sides[k](); err != nil {
 				return updateTimes{}, err
@@ -189,9 +231,18 @@ ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc`, n
 			if i > 0 {
 				per[k] = append(per[k], float64(time.Since(start).Nanoseconds())/1e6)
 			}
+			if k == 4 {
+				if err := seal(start); err != nil {
+					return updateTimes{}, err
+				}
+				if i == 0 {
+					sealed = sealed[:0]
+				}
+			}
 		}
 	}
-	return updateTimes{summarize(per[0]).Median, summarize(per[1]).Median, summarize(per[2]).Median, summarize(per[3]).Median}, nil
+	return updateTimes{summarize(per[0]).Median, summarize(per[1]).Median, summarize(per[2]).Median, summarize(per[3]).Median,
+		summarize(per[4]).Median, summarize(sealed).Median}, nil
 }
 
 func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int, mode feed.WriteMode) (float64, float64, error) {
@@ -317,7 +368,8 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 		}
 		for sealed != nil {
 			var waiting bool
-			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.table("unsealed")+` WHERE feed = $1::text)`, string(f)).Scan(&waiting); err != nil {
+			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.table("unsealed")+` WHERE feed = $1::text)
+	OR EXISTS (SELECT FROM `+s.table("changes")+` WHERE feed = $1::text)`, string(f)).Scan(&waiting); err != nil {
 				return 0, err
 			}
 			if !waiting {

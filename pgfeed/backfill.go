@@ -104,6 +104,14 @@ type backfillSQL struct {
 	// return a row whose key a writer changed meanwhile with its new key,
 	// which may lie past rows the batch never read.
 	firstShared, nextShared string
+	// firstKeyed and nextKeyed are first and next for a keyed capture in
+	// the concurrent mode, in place or not: they pick the batch's keys in
+	// key order and record them (record, as the capture's trigger does),
+	// for the sealer to read each row's document when it seals it (see the
+	// package doc's # Backfill), and the progress. Their fifth column is
+	// record's answer, true when the keys are recorded; NULL when the feed
+	// no longer has a capture, and nothing is.
+	firstKeyed, nextKeyed string
 }
 
 func (s *Store) backfillStatements(c *capture) backfillSQL {
@@ -151,7 +159,32 @@ func (s *Store) backfillStatements(c *capture) backfillSQL {
 )
 SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
 	}
+	// The keyed statements take no channel (the sealer notifies): $3 is
+	// the write lock's key and $4 the position.
+	keyedAfter := strings.ReplaceAll(after, "$5::text[]", "$4::text[]")
+	keyed := func(where string) string {
+		return `WITH b AS MATERIALIZED (
+	SELECT ` + c.keyExpr + ` AS key, ` + strings.Join(cols, ", ") + `
+	FROM ` + c.table + ` AS r` + where + `
+	ORDER BY ` + strings.Join(tuple, ", ") + `
+	LIMIT $2::bigint
+), n AS (
+	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
+), c AS (
+	SELECT EXISTS (SELECT FROM ` + s.names.table("captures") + ` WHERE feed = $1::text) AS captured
+), w AS (
+	SELECT CASE WHEN c.captured THEN ` + s.names.table("record") + `($1::text, (SELECT array_agg(b.key) FROM b), $3::bigint) END AS recorded FROM c
+), p AS (
+	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
+		updated_at = clock_timestamp(), finished_at = CASE WHEN n.rows < $2::bigint THEN clock_timestamp() END
+	FROM n, w WHERE f.feed = $1::text AND w.recorded
+	RETURNING f.rows
+)
+SELECT n.rows, NULL::bigint, (SELECT rows FROM p), n.last, (SELECT recorded FROM w) FROM n`
+	}
 	return backfillSQL{
+		firstKeyed: keyed(""),
+		nextKeyed:  keyed(keyedAfter),
 		lock: `INSERT INTO ` + g + ` AS g (feed) VALUES ($1::text)
 ON CONFLICT (feed) DO UPDATE SET head = g.head
 RETURNING g.generation, g.head`,
@@ -230,22 +263,40 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 	// holds the feed lock, or, when shared, the feed's write lock shared
 	// in the concurrent mode.
 	key := s.writeKey(opts.Feed)
-	batch := func(tx pgx.Tx, shared bool) (bool, error) {
+	batch := func(tx pgx.Tx, shared, keyed bool) (bool, error) {
 		q, args := st.first, []any{f, int64(opts.BatchSize), s.names.channel, key}
-		if shared {
+		switch {
+		case keyed:
+			q, args = st.firstKeyed, []any{f, int64(opts.BatchSize), key}
+		case shared:
 			q = st.firstShared
 		}
 		if position != nil {
 			q, args = st.next, append(args, position)
-			if shared {
+			switch {
+			case keyed:
+				q = st.nextKeyed
+			case shared:
 				q = st.nextShared
 			}
 		}
 		var n int64
 		var head, rows *int64
 		var last []string
-		if err := tx.QueryRow(ctx, q, args...).Scan(&n, &head, &rows, &last); err != nil {
+		recorded := new(true)
+		dest := []any{&n, &head, &rows, &last}
+		if keyed {
+			dest = append(dest, &recorded)
+		}
+		if err := tx.QueryRow(ctx, q, args...).Scan(dest...); err != nil {
 			return false, fail("copying a batch", err)
+		}
+		switch {
+		case recorded == nil:
+			return false, feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
+		case !*recorded:
+			// The batch holds the write lock, so the mode it read holds.
+			return false, fail("copying a batch", errors.New("the feed left the concurrent mode under the batch's write lock"))
 		}
 		if n > 0 {
 			position = last
@@ -295,16 +346,44 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 			// either mode; no row is read FOR SHARE (a writer that changed
 			// a row and waits for the lock in its trigger would deadlock
 			// with a read that waits for its row).
+			// The reset holds the write lock exclusive, so the mode read
+			// now holds to the commit.
+			var mode string
+			var g, h int64
+			if err := tx.QueryRow(ctx, st.mode, f).Scan(&mode, &g, &h); err != nil {
+				return fail("reading the write mode", err)
+			}
+			concurrent := feed.WriteMode(mode) == feed.WriteConcurrent
 			for {
-				done, err := batch(tx, false)
+				done, err := batch(tx, false, c.keyed && concurrent)
 				if err != nil {
 					return err
 				}
 				report(false)
 				if done {
-					return nil
+					break
 				}
 			}
+			if !concurrent {
+				return nil
+			}
+			// The copy is unsealed rows or recorded keys: seal them here,
+			// under the reset's locks, so the new generation commits whole
+			// and every sink publishes it complete, as in the locked mode.
+			for {
+				n, err := s.sealIn(ctx, tx, opts.Feed, int64(opts.BatchSize))
+				if err != nil {
+					return fail("sealing the copy", err)
+				}
+				if n == 0 {
+					break
+				}
+			}
+			if err := tx.QueryRow(ctx, st.mode, f).Scan(&mode, &g, &h); err != nil {
+				return fail("reading the head", err)
+			}
+			res.Head = feed.Seq(h)
+			return nil
 		})
 		if err != nil {
 			return BackfillResult{}, err
@@ -363,7 +442,7 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 			}
 			res.Generation, res.Head = feed.Generation(gen), feed.Seq(head)
 			var err error
-			done, err = batch(tx, shared)
+			done, err = batch(tx, shared, shared && c.keyed)
 			return err
 		})
 		if err != nil {

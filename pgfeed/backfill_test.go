@@ -21,29 +21,48 @@ import (
 // 1..n written before the capture, so the feed starts empty.
 func backfillEnv(t *testing.T, n int) (capEnv, string) {
 	t.Helper()
-	return backfillEnvIn(t, n, feed.WriteLocked)
+	return backfillEnvIn(t, n, capModes[0])
 }
 
-// backfillEnvIn is backfillEnv with feed t in the given write mode.
-func backfillEnvIn(t *testing.T, n int, mode feed.WriteMode) (capEnv, string) {
+// capMode is a way the backfill tests capture their table: a write mode,
+// and the capture's document expression. In the concurrent mode a capture
+// without one records keys (keyed), and one with an expression writes its
+// documents unsealed; the expression here gives the same documents.
+type capMode struct {
+	name     string
+	mode     feed.WriteMode
+	document string
+}
+
+// keyed says the capture records keys in m.
+func (m capMode) keyed() bool { return m.mode == feed.WriteConcurrent && m.document == "" }
+
+var capModes = []capMode{
+	{"locked", feed.WriteLocked, ""},
+	{"concurrent", feed.WriteConcurrent, ""},
+	{"concurrent_expression", feed.WriteConcurrent, "to_jsonb(r)"},
+}
+
+// backfillEnvIn is backfillEnv with feed t captured in the given way.
+func backfillEnvIn(t *testing.T, n int, m capMode) (capEnv, string) {
 	t.Helper()
 	e := newCapEnv(t, `CREATE TABLE %[1]s.t (id int PRIMARY KEY, v text NOT NULL)`)
-	e.concurrent = mode == feed.WriteConcurrent
+	e.concurrent = m.mode == feed.WriteConcurrent
 	e.exec(t, fmt.Sprintf(`INSERT INTO %s SELECT i, 'v' || i FROM generate_series(1, %d) AS i`, e.q("t"), n))
-	if _, err := e.s.Capture(t.Context(), pgfeed.CaptureSpec{Feed: "t", Schema: e.d.schema, Table: "t"}); err != nil {
+	if _, err := e.s.Capture(t.Context(), pgfeed.CaptureSpec{Feed: "t", Schema: e.d.schema, Table: "t", Document: m.document}); err != nil {
 		t.Fatal(err)
 	}
 	e.inMode(t, "t")
 	return e, `SELECT id::text, to_jsonb(r)::text FROM ` + e.q("t") + ` AS r`
 }
 
-// inBothModes runs test once per write mode, as parallel subtests.
-func inBothModes(t *testing.T, test func(t *testing.T, mode feed.WriteMode)) {
+// inBothModes runs test once per capMode, as parallel subtests.
+func inBothModes(t *testing.T, test func(t *testing.T, m capMode)) {
 	t.Parallel()
-	for _, mode := range writeModes {
-		t.Run(string(mode), func(t *testing.T) {
+	for _, m := range capModes {
+		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			test(t, mode)
+			test(t, m)
 		})
 	}
 }
@@ -114,8 +133,8 @@ func TestBackfillTakesTheLockBeforeItReads(t *testing.T) {
 	inBothModes(t, backfillTakesTheLockBeforeItReads)
 }
 
-func backfillTakesTheLockBeforeItReads(t *testing.T, mode feed.WriteMode) {
-	e, table := backfillEnvIn(t, 10, mode)
+func backfillTakesTheLockBeforeItReads(t *testing.T, m capMode) {
+	e, table := backfillEnvIn(t, 10, m)
 	ctx := t.Context()
 	release := e.holdFeedLock(t, 5, "written while the backfill waited")
 	type result struct {
@@ -127,9 +146,18 @@ func backfillTakesTheLockBeforeItReads(t *testing.T, mode feed.WriteMode) {
 		r, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Progress: func(pgfeed.BackfillProgress) {}})
 		done <- result{r, err}
 	}()
-	e.waitBlocked(t)
-	release(true)
-	res := <-done
+	var res result
+	if m.keyed() {
+		// A keyed backfill records keys without a lock and waits for
+		// nobody: it ends while the writer is open, and the writer, whose
+		// commit records row 5 again, still wins once both are sealed.
+		res = <-done
+		release(true)
+	} else {
+		e.waitBlocked(t)
+		release(true)
+		res = <-done
+	}
 	if res.err != nil || res.r.Rows != 10 {
 		t.Fatalf("Backfill = %+v, %v; want 10 rows", res.r, res.err)
 	}
@@ -144,8 +172,8 @@ func backfillTakesTheLockBeforeItReads(t *testing.T, mode feed.WriteMode) {
 // row 5 back with its new key, 100005, as the batch's last, and the next
 // batch would start past rows 11..20.
 func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
-	inBothModes(t, func(t *testing.T, mode feed.WriteMode) {
-		e, table := backfillEnvIn(t, 20, mode)
+	inBothModes(t, func(t *testing.T, m capMode) {
+		e, table := backfillEnvIn(t, 20, m)
 		ctx := t.Context()
 		tx, err := e.d.pool.Begin(ctx)
 		if err != nil {
@@ -160,12 +188,23 @@ func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
 			_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 10, Progress: func(pgfeed.BackfillProgress) {}})
 			done <- err
 		}()
-		e.waitBlocked(t)
+		if m.keyed() {
+			// Nothing to wait for (see above): the backfill records key 5
+			// as its snapshot has it, and the writer's commit records 5
+			// and 100005.
+			if err := <-done; err != nil {
+				t.Fatalf("Backfill: %v", err)
+			}
+		} else {
+			e.waitBlocked(t)
+		}
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := <-done; err != nil {
-			t.Fatalf("Backfill: %v", err)
+		if !m.keyed() {
+			if err := <-done; err != nil {
+				t.Fatalf("Backfill: %v", err)
+			}
 		}
 		e.same(t, "backfill after a key moved", "t", e.want(t, table))
 	})
@@ -181,9 +220,9 @@ func TestBackfillRacingWriters(t *testing.T) {
 	inBothModes(t, backfillRacingWriters)
 }
 
-func backfillRacingWriters(t *testing.T, mode feed.WriteMode) {
+func backfillRacingWriters(t *testing.T, m capMode) {
 	const rows = 3000
-	e, table := backfillEnvIn(t, rows, mode)
+	e, table := backfillEnvIn(t, rows, m)
 	ctx := t.Context()
 	if e.concurrent {
 		sealCtx, stopSealer := context.WithCancel(ctx)
@@ -323,8 +362,8 @@ func TestBackfillNewGeneration(t *testing.T) {
 	inBothModes(t, backfillNewGeneration)
 }
 
-func backfillNewGeneration(t *testing.T, mode feed.WriteMode) {
-	e, table := backfillEnvIn(t, 500, mode)
+func backfillNewGeneration(t *testing.T, m capMode) {
+	e, table := backfillEnvIn(t, 500, m)
 	ctx := t.Context()
 	if _, err := e.s.WriteCommitted(ctx, "t", []feed.Change{feed.Put("stray", []byte(`{}`))}); err != nil {
 		t.Fatal(err)
@@ -333,6 +372,11 @@ func backfillNewGeneration(t *testing.T, mode feed.WriteMode) {
 	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", NewGeneration: true, BatchSize: 64, Progress: func(pgfeed.BackfillProgress) {}})
 	if err != nil || res.Rows != 500 || res.Generation != g0+1 {
 		t.Fatalf("Backfill = %+v, %v; want 500 rows in generation %d", res, err, g0+1)
+	}
+	// The new generation commits whole: a sink that resyncs it at once
+	// must find every row sealed, none left for the sealer.
+	if n, h := e.unsealed(t, "t"); n != 0 || h != res.Head || h < 500 {
+		t.Fatalf("the new generation committed with %d writes unsealed and head %d (Backfill said %d); want none, and every row sealed", n, h, res.Head)
 	}
 	e.same(t, "new generation", "t", e.want(t, table))
 	if ts := e.tombstones(t, "t"); len(ts) != 0 {
@@ -377,7 +421,7 @@ func TestBackfillBadInput(t *testing.T) {
 // progress. The capture's trigger would have refused the same row; the
 // backfill must not let through what the trigger cannot.
 func TestBackfillRefusesWhatWriteRefuses(t *testing.T) {
-	inBothModes(t, func(t *testing.T, mode feed.WriteMode) {
+	inBothModes(t, func(t *testing.T, m capMode) {
 		ctx := t.Context()
 		for _, c := range []struct {
 			name, insert, document, want string
@@ -388,7 +432,7 @@ func TestBackfillRefusesWhatWriteRefuses(t *testing.T) {
 				``, "more than the 512 allowed"},
 		} {
 			t.Run(c.name, func(t *testing.T) {
-				e, _ := backfillEnvIn(t, 20, mode)
+				e, _ := backfillEnvIn(t, 20, m)
 				e.exec(t, fmt.Sprintf(c.insert, e.q("t")))
 				spec := pgfeed.CaptureSpec{Feed: "t", Schema: e.d.schema, Table: "t", Document: c.document}
 				if c.document == "" {

@@ -98,8 +98,12 @@ var keyTypes = []string{"int2", "int4", "int8", "numeric", "text", "varchar", "b
 
 // column is one column of a captured table.
 type column struct {
-	name    string
-	typ     string // format_type, for casts
+	name string
+	typ  string // format_type, for casts
+	// cast is the column's type qualified by its schema (pg_catalog's
+	// types bare, without a modifier), for casts in SQL that runs with
+	// search_path set to pg_catalog only.
+	cast    string
 	base    string // the base type's name, domains looked through
 	enum    bool
 	notNull bool
@@ -115,6 +119,12 @@ type capture struct {
 	keyExpr string // the key of row r, as text
 	docExpr string // the document of row r, as jsonb
 	fn      string // the trigger function, quoted, schema-qualified
+	// docs is the capture's document function, quoted, schema-qualified,
+	// through which the sealer reads recorded keys' documents; keyed says
+	// the trigger records keys in the concurrent mode, which it does
+	// when the spec has no document expression (see captureDDL).
+	docs  string
+	keyed bool
 	// triggers are the four triggers' names (insert, update, delete,
 	// truncate), unquoted.
 	triggers []string
@@ -159,6 +169,14 @@ func (n names) captureNames(f feed.FeedName) (fn string, triggers []string) {
 		triggers = append(triggers, "kairos_"+h+"_"+ev)
 	}
 	return fn, triggers
+}
+
+// captureDocsName is the name of f's document function (a keyed capture's;
+// see captureDDL), which the sealer calls: derived from the feed alone, so
+// a sealer finds it without reading the capture.
+func (n names) captureDocsName(f feed.FeedName) string {
+	h := fmt.Sprintf("%016x", uint64(lockKey("capture", n.schema, n.prefix, string(f))))
+	return pgschema.Quote(n.schema) + "." + pgschema.Quote(n.prefix+"d"+h[:10])
 }
 
 // captureTruncateNames are, for f, the name of a partitioned table's BEFORE
@@ -236,9 +254,12 @@ func (s *Store) resolveCapture(ctx context.Context, tx pgx.Tx, spec CaptureSpec)
 		return nil, err
 	}
 	rows, err := tx.Query(ctx, `SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull,
-	coalesce(b.typname, t.typname)::text, coalesce(b.typtype, t.typtype) = 'e'
+	coalesce(b.typname, t.typname)::text, coalesce(b.typtype, t.typtype) = 'e',
+	CASE WHEN tn.nspname = 'pg_catalog' THEN pg_catalog.format_type(t.oid, NULL)
+		ELSE pg_catalog.quote_ident(tn.nspname) || '.' || pg_catalog.quote_ident(t.typname) END
 FROM pg_catalog.pg_attribute a
 JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
 LEFT JOIN pg_catalog.pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype
 WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum`, c.relid)
@@ -247,7 +268,7 @@ ORDER BY a.attnum`, c.relid)
 	}
 	cols, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (column, error) {
 		var col column
-		return col, r.Scan(&col.name, &col.typ, &col.notNull, &col.base, &col.enum)
+		return col, r.Scan(&col.name, &col.typ, &col.notNull, &col.base, &col.enum, &col.cast)
 	})
 	if err != nil {
 		return nil, feed.Unreadable("reading the catalog", err)
@@ -373,6 +394,7 @@ GROUP BY i.indexrelid`, c.relid)
 	}
 
 	c.fn, c.triggers = s.names.captureNames(spec.Feed)
+	c.docs, c.keyed = s.names.captureDocsName(spec.Feed), spec.Document == ""
 	c.before, c.skip = s.names.captureTruncateNames(spec.Feed)
 	state, err := s.captureState(ctx, tx, spec.Feed, &c.relid, spec.Schema, spec.Table)
 	if err != nil {
@@ -652,6 +674,32 @@ func (s *Store) captureDDL(c *capture) string {
     END IF;
 `, quoteLiteral(c.before), skip, reset, feedLit, chanLit, s.writeKey(c.spec.Feed), rowsOf)
 	}
+	// A keyed capture (no document expression) records, in the concurrent
+	// mode, only the statement's keys: the new rows' and, of an UPDATE, the
+	// old keys no new row has (a key changed). The sealer reads each key's
+	// document through the document function below when it seals it. In
+	// the locked mode record returns false and the trigger goes on to write
+	// the change set with its documents, as a capture with a document
+	// expression always does.
+	keyed := ""
+	if c.keyed {
+		keyed = fmt.Sprintf(`    IF TG_OP <> 'TRUNCATE' THEN
+        IF TG_OP = 'INSERT' THEN
+            k := ARRAY(SELECT %[1]s FROM kairos_new AS r);
+        ELSIF TG_OP = 'UPDATE' THEN
+            k := ARRAY(SELECT %[1]s FROM kairos_new AS r
+                UNION ALL
+                SELECT o.key FROM (SELECT %[1]s AS key FROM kairos_old AS r) AS o
+                WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[1]s = o.key));
+        ELSE
+            k := ARRAY(SELECT %[1]s FROM kairos_old AS r);
+        END IF;
+        IF cardinality(k) = 0 OR %[2]s(%[3]s, k, %[4]d) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+`, keyC, s.names.table("record"), feedLit, s.writeKey(c.spec.Feed))
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `-- Kairos capture of table %[1]s into feed %[2]s.
 CREATE OR REPLACE FUNCTION %[3]s() RETURNS trigger
@@ -660,7 +708,7 @@ DECLARE
     k text[];
     d jsonb[];
 BEGIN
-    IF TG_OP = 'INSERT' THEN
+%[14]s    IF TG_OP = 'INSERT' THEN
         SELECT array_agg(%[4]s), array_agg(%[5]s) INTO k, d FROM kairos_new AS r;
     ELSIF TG_OP = 'UPDATE' THEN
         SELECT array_agg(c.key), array_agg(c.doc) INTO k, d FROM (
@@ -677,7 +725,42 @@ BEGIN
     RETURN NULL;
 END
 $kairos$;
-`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed))
+`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed), keyed)
+	{
+		// The document of each recorded key, as the table has it in the
+		// caller's snapshot: the row found by the key's columns (the key
+		// text cast back to each column's type, which the unique index
+		// behind the key makes one row at most), kept only when its key
+		// text is the recorded one byte for byte (numeric 1.0 is 1.00 by
+		// equality but not by key); no row, a NULL document, is a
+		// tombstone. It runs as its owner (the role that ran Capture, who
+		// could create triggers on the table), so the sealer reads every
+		// row whatever its own role may see; nobody else may call it.
+		// Every capture has one, a capture with a document expression too,
+		// whose trigger records no keys: keys a keyed spec recorded before
+		// Capture replaced it are then sealed by the spec now installed
+		// (a JSON null from the expression, which a writer's statement
+		// would have refused, is sealed as a tombstone).
+		docExpr := c.docExpr
+		if !c.keyed {
+			docExpr = "nullif(" + docExpr + ", 'null'::jsonb)"
+		}
+		var where []string
+		for i, col := range c.key {
+			part := "u.k"
+			if len(c.key) > 1 {
+				part = fmt.Sprintf("replace(replace(split_part(u.k, '/', %d), '%%2F', '/'), '%%25', '%%')", i+1)
+			}
+			where = append(where, fmt.Sprintf("r.%s = (%s)::%s", quoteIdent(col.name), part, col.cast))
+		}
+		fmt.Fprintf(&b, `CREATE OR REPLACE FUNCTION %[1]s(keys text[]) RETURNS TABLE (key text, doc jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $kairos$
+SELECT u.k, (SELECT %[2]s FROM %[3]s AS r WHERE %[4]s AND %[5]s = u.k)
+FROM unnest($1) AS u(k)
+$kairos$;
+REVOKE ALL ON FUNCTION %[1]s(text[]) FROM PUBLIC;
+`, c.docs, docExpr, c.table, strings.Join(where, " AND "), keyC)
+	}
 	refs := []string{
 		"AFTER INSERT ON %s REFERENCING NEW TABLE AS kairos_new",
 		"AFTER UPDATE ON %s REFERENCING OLD TABLE AS kairos_old NEW TABLE AS kairos_new",
@@ -815,10 +898,13 @@ func (s *Store) Capture(ctx context.Context, spec CaptureSpec) (CaptureInfo, err
 	return info, nil
 }
 
-// Uncapture removes f's capture: its triggers, its function, its registry
-// row and its backfill's progress. The feed's rows stay. It says whether
-// there was a capture; removing none is not an error. It serialises with
-// Capture on the same lock.
+// Uncapture removes f's capture: its triggers, its functions, its registry
+// row and its backfill's progress. The feed's rows stay. Changes the
+// capture recorded by key and the sealer has not sealed yet (see the
+// package doc's # Keyed capture) are sealed first, in the same
+// transaction, so every write that committed before the removal reaches
+// the feed. It says whether there was a capture; removing none is not an
+// error. It serialises with Capture on the same lock.
 func (s *Store) Uncapture(ctx context.Context, f feed.FeedName) (bool, error) {
 	if err := f.Validate(); err != nil {
 		return false, err
@@ -854,6 +940,30 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 		}
 		fmt.Fprintf(&b, "DROP FUNCTION IF EXISTS %s();\nDELETE FROM %s WHERE feed = %s;\n", fn, s.names.table("backfills"), quoteLiteral(string(f)))
 		if _, err := tx.Exec(ctx, b.String(), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return feed.WriteFailed("removing the capture of feed "+string(f), err)
+		}
+		// The triggers are gone, and dropping them waited for every writer
+		// of the tables that had begun; the write lock exclusive, taken
+		// after the tables' locks as a writer takes them, waits for a
+		// backfill's batch, which records keys too, and a later batch finds
+		// no capture (backfill.go). What is recorded now is all there will
+		// be: seal it while the document function is still there.
+		if _, err := tx.Exec(ctx, s.sql.excludeWrite, s.writeKey(f)); err != nil {
+			return feed.WriteFailed("removing the capture of feed "+string(f), err)
+		}
+		for {
+			var recorded bool
+			if err := tx.QueryRow(ctx, s.sql.recorded, string(f)).Scan(&recorded); err != nil {
+				return feed.WriteFailed("removing the capture of feed "+string(f), err)
+			}
+			if !recorded {
+				break
+			}
+			if _, err := s.sealIn(ctx, tx, f, int64(feed.MaxBatchLimit)); err != nil {
+				return feed.WriteFailed("sealing the changes feed "+string(f)+" recorded before its capture is removed", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, "DROP FUNCTION IF EXISTS "+s.names.captureDocsName(f)+"(text[])", pgx.QueryExecModeSimpleProtocol); err != nil {
 			return feed.WriteFailed("removing the capture of feed "+string(f), err)
 		}
 		return nil

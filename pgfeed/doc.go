@@ -279,6 +279,60 @@
 // and prefix; a repeated Capture finds the same version installed and
 // changes nothing.
 //
+// # Keyed capture
+//
+// In the concurrent mode, a capture without a document expression (the row
+// itself, trimmed by Include or Exclude, is the document) writes no
+// document at all: its trigger records the statement's keys, the new rows'
+// and, of an UPDATE, the old keys no new row has, as one row of the
+// <prefix>changes table (migration 7's record function, which takes the
+// write lock shared and refuses the keys the feed refuses), and the sealer
+// reads each key's row from the table when it seals it. The writer so pays
+// for a key apiece, not for a to_jsonb, a comparison and an unsealed row
+// per row: a 10,000-row UPDATE costs its writer about a third more than
+// without the trigger, where the locked mode's trigger costs four times
+// as much (BENCHMARKS.md, group K). The sealer pays the rest, a round
+// after the commit.
+//
+// Why the sealed document is right: a round's sealChanges runs in a
+// snapshot taken after the feed lock, as the seal of unsealed rows does,
+// and a recorded row becomes visible to it in the same commit as its
+// writer's change to the table. So whatever recorded rows a round takes,
+// the table's row it reads for each key is at least as new as every write
+// that recorded the key and committed before the round; writes after the
+// snapshot recorded the key again, for a later round. Rounds serialise on
+// the feed lock and each reads a later snapshot than the one before, so a
+// key's sealed documents follow the table's own history in order, each at
+// a seq above every earlier round's: guarantee 2 as for unsealed rows, and
+// once writers stop and the sealer catches up, the feed holds each key as
+// the table does. A round leaves a key alone when its document is the one
+// the feed already has (compared as text), or when neither the table nor
+// the feed has it: an UPDATE that changed nothing the document keeps, or a
+// key inserted and deleted between two rounds, costs no seq and no sink
+// call. The documents come from the capture's document function
+// (<prefix>d…, installed by Capture beside the trigger function), which
+// finds each key's row through the columns of the unique index behind the
+// key and keeps it only when its key text is the recorded one. It runs as
+// the role that ran Capture (SECURITY DEFINER, EXECUTE revoked from
+// PUBLIC), so row security and column grants of the sealer's own role do
+// not hide rows from it: a sealer that connects as another role needs
+// EXECUTE on it granted. Every capture has one; a capture with a document
+// expression writes its documents from the trigger, unsealed, as before,
+// and its function seals, with that expression, only keys an earlier
+// keyed spec of the feed recorded before Capture replaced it.
+//
+// What differs from a document written by the trigger: the document is
+// the row as it is at the seal, not as the writing statement left it (a
+// key written twice between two rounds is sealed once, with its latest
+// row, which a feed of latest states allows), and it is made in the
+// sealer's session, so a timestamptz column prints in the sealer's
+// TimeZone (set the daemon's to the writers' when that matters, or use a
+// document expression). Uncapture, and SetWriteMode to the locked mode,
+// seal what was recorded before they finish; a backfill's batch in this
+// mode records its keys the same way (see # Backfill). After changing a
+// key column's type, run Capture again before the next round: the
+// function casts key text back to the type it found.
+//
 // # Partitioned tables
 //
 // A partitioned table is captured whole: the same statement triggers go on
@@ -342,7 +396,18 @@
 // lock; the batch copies the row as committed, and the writer's trigger then
 // writes above it.) Writers wait at most one batch.
 //
-// In the concurrent mode there is no feed lock to order by: writers upsert
+// A keyed capture in the concurrent mode (see # Keyed capture) copies no
+// document: each batch takes the write lock shared, picks its keys in key
+// order without a lock and records them, as the trigger records a
+// statement's, with its position, and the sealer reads each row when it
+// seals it. No order needs keeping: whatever the batch read, the row the
+// sealer reads is the table's at the round, and a writer's change after it
+// recorded the key again. A batch that finds the capture removed records
+// nothing and fails the backfill (Uncapture seals what was recorded, and
+// so waits for a batch in flight).
+//
+// With a document expression, in the concurrent mode there is no feed lock
+// to order by: writers upsert
 // unsealed rows, and the last to commit a key's row leaves its document,
 // which the sealer seals after every earlier seal. So the copy must be
 // written like a writer of the row it copies: each batch takes the write
@@ -367,7 +432,11 @@
 // one transaction that resets the feed first and holds the lock until its
 // commit (in the concurrent mode the write lock exclusive, which every
 // captured writer's trigger waits for): sinks see the new generation
-// complete or not at all, which is the table-shaped rebuild. It reads no row
+// complete or not at all, which is the table-shaped rebuild. In the
+// concurrent mode the copy is unsealed rows, or recorded keys for a keyed
+// capture, and the same transaction seals them before it commits, under
+// the reset's locks, so the new generation is never seen half sealed. It
+// reads no row
 // FOR SHARE: every writer's feed write comes after its commit anyway, and a
 // writer that changed a row and waits in its trigger for the lock would
 // deadlock with a read waiting for that row.

@@ -35,5 +35,6 @@ func ExampleMigrations() {
 	// pgfeed 4 0004_tombstone_age - "app"."outbox_migrations"
 	// pgfeed 5 0005_unsealed - "app"."outbox_migrations" "app"."outbox_unsealed"
 	// pgfeed 6 0006_write_result - "app"."outbox_migrations"
+	// pgfeed 7 0007_changes - "app"."outbox_migrations" "app"."outbox_changes"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

@@ -27,7 +27,7 @@ func SealRoundHeld(ctx context.Context, s *Store, f feed.FeedName, hold time.Dur
 	var n int64
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
-		if n, err = s.sealIn(ctx, tx, f); err != nil {
+		if n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit)); err != nil {
 			return err
 		}
 		time.Sleep(hold)

@@ -85,7 +85,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: "x_"}); err != nil || len(got) != 0 {
 		t.Fatalf("a later Migrate applied %v, %v; want nothing", got, err)
 	}
-	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfills", "x_captures", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows", "x_sealers", "x_unsealed"}) {
+	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfills", "x_captures", "x_changes", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows", "x_sealers", "x_unsealed"}) {
 		t.Fatalf("tables = %v", got)
 	}
 	var unlogged int

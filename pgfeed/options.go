@@ -111,6 +111,7 @@ type names struct {
 	parked         string
 	sealers        string
 	unsealed       string
+	changes        string
 	// channel is the NOTIFY channel of every feed under this schema and
 	// prefix; the payload is the feed's name.
 	channel string
@@ -142,6 +143,7 @@ func resolveNames(schema, prefix string) (names, error) {
 		parked:        t("parked"),
 		sealers:       t("sealers"),
 		unsealed:      t("unsealed"),
+		changes:       t("changes"),
 		channel:       fmt.Sprintf("kairos_feed_%016x", uint64(lockKey("notify", schema, prefix))),
 		cursorChannel: fmt.Sprintf("kairos_cursor_%016x", uint64(lockKey("cursor", schema, prefix))),
 		modeChannel:   fmt.Sprintf("kairos_mode_%016x", uint64(lockKey("mode", schema, prefix))),

@@ -144,8 +144,8 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 			// hold the write lock to their end), so no row lock is left to
 			// skip.
 			for {
-				var n, notified int64
-				if err := tx.QueryRow(ctx, s.sql.seal, string(f), int64(feed.MaxBatchLimit), s.names.channel).Scan(&n, &notified); err != nil {
+				n, err := s.sealIn(ctx, tx, f, int64(feed.MaxBatchLimit))
+				if err != nil {
 					return err
 				}
 				if n == 0 {
@@ -153,11 +153,11 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 				}
 			}
 			var m string
-			var left bool
-			if err := tx.QueryRow(ctx, s.sql.probe, string(f)).Scan(&m, &left); err != nil {
+			var left, recorded bool
+			if err := tx.QueryRow(ctx, s.sql.probe, string(f)).Scan(&m, &left, &recorded); err != nil {
 				return err
 			}
-			if left {
+			if left || recorded {
 				return errors.New("unsealed rows are locked by another transaction")
 			}
 		}
@@ -183,7 +183,14 @@ func (s *Store) SealRound(ctx context.Context, f feed.FeedName) (int, error) {
 	if err := f.Validate(); err != nil {
 		return 0, err
 	}
-	n, err := s.sealRound(ctx, f)
+	var (
+		mode              string
+		pending, recorded bool
+	)
+	if err := s.db.QueryRow(ctx, s.sql.probe, string(f)).Scan(&mode, &pending, &recorded); err != nil {
+		return 0, feed.WriteFailed("sealing feed "+string(f), err)
+	}
+	n, err := s.sealRound(ctx, f, pending, recorded)
 	if err != nil {
 		return 0, feed.WriteFailed("sealing feed "+string(f), err)
 	}
@@ -195,43 +202,74 @@ type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// sealRound is one round: the feed lock (sealLock), then the seal, in one
-// transaction. Sent as one batch where db can (a pool, a connection), that
-// is one round trip and one commit: a batch outside a transaction runs as
-// one implicit transaction, and each of its statements still takes its own
-// snapshot in READ COMMITTED, so the seal's snapshot is taken after the
-// lock was granted.
-func (s *Store) sealRound(ctx context.Context, f feed.FeedName) (int, error) {
-	var n, notified int64
+// sealRound is one round: the feed lock (sealLock), then the seal when
+// pending says the feed has unsealed rows and sealChanges when recorded
+// says it has recorded changes (a probe's answers: a source it leaves out
+// waits for the next round), in one transaction. It returns how many writes it took: unsealed rows sealed,
+// and recorded keys read (sealed or found unchanged). Sent as one batch
+// where db can (a pool, a connection), that is one round trip and one
+// commit: a batch outside a transaction runs as one implicit transaction,
+// and each of its statements still takes its own snapshot in READ
+// COMMITTED, so the seals' snapshots are taken after the lock was granted.
+func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorded bool) (int, error) {
 	if b, ok := s.db.(batcher); ok {
 		if _, inTx := s.db.(pgx.Tx); !inTx {
+			var n, keys, sealed, notified int64
 			batch := &pgx.Batch{}
 			batch.Queue(s.sql.sealLock, string(f))
-			batch.Queue(s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
-				return r.Scan(&n, &notified)
-			})
+			if pending {
+				batch.Queue(s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
+					return r.Scan(&n, &notified)
+				})
+			}
+			if recorded {
+				batch.Queue(s.changeSeal(f), string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
+					return r.Scan(&keys, &sealed, &notified)
+				})
+			}
 			if err := b.SendBatch(ctx, batch).Close(); err != nil {
 				return 0, err
 			}
-			return int(n), nil
+			return int(n + keys), nil
 		}
 	}
+	var n int64
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
-		n, err = s.sealIn(ctx, tx, f)
+		n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit))
 		return err
 	})
 	return int(n), err
 }
 
-// sealIn is a round's two statements inside tx.
-func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName) (int64, error) {
-	var n, notified int64
+// sealIn is a round inside tx, each source of writes taken up to limit:
+// the feed lock, the seal, and sealChanges when the feed has recorded
+// changes (asked after the lock). It returns how many writes it took, as
+// sealRound does.
+func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName, limit int64) (int64, error) {
+	var n, keys, sealed, notified int64
 	if _, err := tx.Exec(ctx, s.sql.sealLock, string(f)); err != nil {
 		return 0, err
 	}
-	err := tx.QueryRow(ctx, s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).Scan(&n, &notified)
-	return n, err
+	if err := tx.QueryRow(ctx, s.sql.seal, string(f), limit, s.names.channel).Scan(&n, &notified); err != nil {
+		return 0, err
+	}
+	var recorded bool
+	if err := tx.QueryRow(ctx, s.sql.recorded, string(f)).Scan(&recorded); err != nil || !recorded {
+		return n, err
+	}
+	err := tx.QueryRow(ctx, s.changeSeal(f), string(f), limit, s.names.channel).Scan(&keys, &sealed, &notified)
+	return n + keys, err
+}
+
+// changeSeal is f's sealChanges statement, built once per feed.
+func (s *Store) changeSeal(f feed.FeedName) string {
+	if q, ok := s.changeSeals.Load(f); ok {
+		return q.(string)
+	}
+	q := s.names.sealChanges(s.names.captureDocsName(f))
+	s.changeSeals.Store(f, q)
+	return q
 }
 
 // RunSealer seals f's unsealed rows until ctx ends, while f is in the
@@ -295,10 +333,10 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 	}
 	for ctx.Err() == nil {
 		var (
-			mode    string
-			pending bool
+			mode              string
+			pending, recorded bool
 		)
-		if err := s.db.QueryRow(ctx, s.sql.probe, string(f)).Scan(&mode, &pending); err != nil {
+		if err := s.db.QueryRow(ctx, s.sql.probe, string(f)).Scan(&mode, &pending, &recorded); err != nil {
 			if !fault("probe", err) {
 				return nil
 			}
@@ -335,9 +373,9 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 			lease = l
 		}
 		sealed, held := 0, false
-		if pending {
+		if pending || recorded {
 			for ctx.Err() == nil {
-				n, err := s.sealRound(ctx, f)
+				n, err := s.sealRound(ctx, f, pending, recorded)
 				if err != nil {
 					fault("round", err)
 					break

@@ -51,6 +51,9 @@ type Store struct {
 	// the key is a hash of the feed's name, which cost an eighth of a
 	// concurrent Write's client time when computed at every write.
 	writeKeys sync.Map
+	// changeSeals caches each feed's sealChanges statement (feed.FeedName →
+	// string), which names the feed's capture document function.
+	changeSeals sync.Map
 }
 
 var (

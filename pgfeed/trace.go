@@ -29,6 +29,11 @@ type KeyTrace struct {
 	// what the sinks are owed.
 	Unsealed    bool
 	UnsealedDoc json.RawMessage
+	// Recorded says a captured change of the key waits for the sealer,
+	// recorded by key (see the package doc's # Keyed capture): the sealer
+	// reads its document from the table when it seals it, so there is no
+	// document to show before.
+	Recorded bool
 	// Sinks are the registered sinks, in name order.
 	Sinks []SinkTrace
 }
@@ -99,7 +104,7 @@ func (s *Store) Trace(ctx context.Context, f feed.FeedName, key feed.Key) (KeyTr
 			pat        *time.Time
 			ahead      *int64
 		)
-		if err := rows.Scan(&gen, &head, &known, &rowSeq, &doc, &pending, &pendingDoc, &sink, &cgen, &cseq, &pseq, &preason, &pat, &ahead); err != nil {
+		if err := rows.Scan(&gen, &head, &known, &rowSeq, &doc, &pending, &pendingDoc, &t.Recorded, &sink, &cgen, &cseq, &pseq, &preason, &pat, &ahead); err != nil {
 			return fail(err)
 		}
 		t.Generation, t.Head = feed.Generation(gen), feed.Seq(head)

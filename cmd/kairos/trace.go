@@ -31,7 +31,10 @@ type traceView struct {
 	UnsealedDeleted bool            `json:"unsealed_deleted,omitempty" yaml:"unsealed_deleted,omitempty"`
 	UnsealedDoc     json.RawMessage `json:"unsealed_doc,omitempty" yaml:"-"`
 	UnsealedText    string          `json:"-" yaml:"unsealed_doc,omitempty"`
-	Sinks           []traceSink     `json:"sinks" yaml:"sinks"`
+	// Recorded says a captured change of the key waits for the sealer,
+	// which reads its document from the table when it seals it.
+	Recorded bool        `json:"recorded,omitempty" yaml:"recorded,omitempty"`
+	Sinks    []traceSink `json:"sinks" yaml:"sinks"`
 }
 
 type traceSink struct {
@@ -81,7 +84,7 @@ for the key: never written, or deleted and its tombstone collected).`,
 func traceOf(tr pgfeed.KeyTrace) traceView {
 	v := traceView{Feed: string(tr.Feed), Key: string(tr.Key), Generation: int64(tr.Generation), Head: int64(tr.Head),
 		Found: tr.Found, Seq: int64(tr.Seq), Deleted: tr.Found && tr.Doc == nil, Doc: tr.Doc, DocText: string(tr.Doc), Sinks: []traceSink{},
-		Unsealed: tr.Unsealed, UnsealedDeleted: tr.Unsealed && tr.UnsealedDoc == nil, UnsealedDoc: tr.UnsealedDoc, UnsealedText: string(tr.UnsealedDoc)}
+		Unsealed: tr.Unsealed, UnsealedDeleted: tr.Unsealed && tr.UnsealedDoc == nil, UnsealedDoc: tr.UnsealedDoc, UnsealedText: string(tr.UnsealedDoc), Recorded: tr.Recorded}
 	for _, s := range tr.Sinks {
 		ts := traceSink{Sink: string(s.Sink), Cursor: cursorText(s.Cursor), State: string(s.State), Ahead: s.Ahead}
 		if s.Parked != nil {
@@ -110,7 +113,7 @@ func renderTrace(w io.Writer, out output, v traceView) error {
 		return err
 	}
 	switch {
-	case !v.Found && v.Unsealed:
+	case !v.Found && (v.Unsealed || v.Recorded):
 		fmt.Fprintf(w, "feed %s (generation %d, head %d): key %q has no sealed row yet\n", v.Feed, v.Generation, v.Head, v.Key)
 	case !v.Found:
 		fmt.Fprintf(w, "feed %s (generation %d, head %d) has no row for key %q: never written, or deleted and collected\n", v.Feed, v.Generation, v.Head, v.Key)
@@ -133,6 +136,9 @@ func renderTrace(w io.Writer, out output, v traceView) error {
 			}
 			fmt.Fprintf(w, "  a newer write waits for the sealer (concurrent write mode): no sink sees it yet\n  %s\n", doc)
 		}
+	}
+	if v.Recorded {
+		fmt.Fprintln(w, "  a captured change of it waits for the sealer (concurrent write mode), which reads its document from the table: no sink sees it yet")
 	}
 	if len(v.Sinks) == 0 {
 		_, err := fmt.Fprintln(w, "no sinks registered")
