@@ -753,10 +753,18 @@ $kairos$;
 			}
 			where = append(where, fmt.Sprintf("r.%s = (%s)::%s", quoteIdent(col.name), part, col.cast))
 		}
-		fmt.Fprintf(&b, `CREATE OR REPLACE FUNCTION %[1]s(keys text[]) RETURNS TABLE (key text, doc jsonb)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $kairos$
-SELECT u.k, (SELECT %[2]s FROM %[3]s AS r WHERE %[4]s AND %[5]s = u.k)
-FROM unnest($1) AS u(k)
+		// PL/pgSQL, not SQL, so the query's plan is kept from one round to
+		// the next (a SQL function that cannot be inlined is planned at
+		// every call); the result columns are named so that no column of
+		// the table, which the document expression may name, is taken for
+		// them.
+		fmt.Fprintf(&b, `CREATE OR REPLACE FUNCTION %[1]s(keys text[]) RETURNS TABLE (kairos_key text, kairos_doc jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $kairos$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY SELECT u.k, (SELECT %[2]s FROM %[3]s AS r WHERE %[4]s AND %[5]s = u.k)
+    FROM unnest(keys) AS u(k);
+END
 $kairos$;
 REVOKE ALL ON FUNCTION %[1]s(text[]) FROM PUBLIC;
 `, c.docs, docExpr, c.table, strings.Join(where, " AND "), keyC)

@@ -29,16 +29,25 @@ func TestCapture(t *testing.T) {
 		t.Skipf("no PostgreSQL: %v", err)
 	}
 	conn.Close(t.Context())
-	schema = fmt.Sprintf("kairos_capture_%d", time.Now().UnixNano())
-	var buf bytes.Buffer
-	out = &buf
-	if err := run(t.Context(), url, t.TempDir()); err != nil {
-		t.Fatalf("run: %v\n%s", err, buf.String())
-	}
-	for _, want := range []string{"keyed on [id]", "backfill in place: feed at generation 1", "rebuild: feed at generation 2", "the file holds the table's"} {
-		if !strings.Contains(buf.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, buf.String())
+	// The two modes one after the other: the example's settings are
+	// package variables.
+	for _, c := range []bool{false, true} {
+		concurrent = c
+		schema = fmt.Sprintf("kairos_capture_%d", time.Now().UnixNano())
+		var buf bytes.Buffer
+		out = &buf
+		if err := run(t.Context(), url, t.TempDir()); err != nil {
+			t.Fatalf("run (concurrent %v): %v\n%s", c, err, buf.String())
 		}
+		mode := "(locked write mode)"
+		if c {
+			mode = "(concurrent write mode)"
+		}
+		for _, want := range []string{mode + ", keyed on [id]", "backfill in place: feed at generation 1", "rebuild: feed at generation 2", "the file holds the table's"} {
+			if !strings.Contains(buf.String(), want) {
+				t.Errorf("output lacks %q:\n%s", want, buf.String())
+			}
+		}
+		t.Log(buf.String())
 	}
-	t.Log(buf.String())
 }
