@@ -210,6 +210,79 @@ func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
 	})
 }
 
+// TestBackfillKeepsARowCollectedUnderIt: key 5 has a row in the table and a
+// tombstone in the feed (a Write deleted it there; a captured delete and an
+// uncaptured insert, as replication apply makes, leave the same), and every
+// sink has passed the tombstone. A collection deletes it and holds its
+// transaction open; a locked-mode backfill then takes its snapshot, which
+// still sees the tombstone, and comes to write key 5; the collection then
+// commits or rolls back. The feed must end equal to the table, the head
+// moved by the 20 rows copied, in each case: a batch that left out, or
+// updated, the keys its snapshot saw in the feed would lose key 5 when the
+// collection commits; one that skipped the keys its insert met in the feed
+// would keep the tombstone when it rolls back, or key 6's stale document
+// (the third case) always.
+func TestBackfillKeepsARowCollectedUnderIt(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name          string
+		commit, stale bool
+	}{
+		{"collected", true, false},
+		{"collection rolled back", false, false},
+		{"collected, another key stale", true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e, table := backfillEnv(t, 20)
+			ctx := t.Context()
+			changes := []feed.Change{feed.Delete("5")}
+			if c.stale {
+				changes = append(changes, feed.Put("6", []byte(`{"stale": true}`)))
+			}
+			if _, err := e.s.WriteCommitted(ctx, "t", changes); err != nil {
+				t.Fatal(err)
+			}
+			gen, head := e.head(t, "t")
+			e.exec(t, `INSERT INTO `+e.q("feed_cursors")+` (feed, sink, generation, seq) VALUES ('t', 's', $1, $2)`, int64(gen), int64(head))
+			tx, err := e.d.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			collector, err := pgfeed.New(ctx, tx, pgfeed.Options{Schema: e.d.schema, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer collector.Close()
+			if n, err := collector.CollectTombstones(ctx, "t"); err != nil || n != 1 {
+				t.Fatalf("CollectTombstones = %d, %v; want 1", n, err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Progress: func(pgfeed.BackfillProgress) {}})
+				done <- err
+			}()
+			e.waitBlocked(t)
+			if c.commit {
+				err = tx.Commit(ctx)
+			} else {
+				err = tx.Rollback(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("Backfill: %v", err)
+			}
+			e.same(t, "backfill over a tombstone under collection", "t", e.want(t, table))
+			if _, h := e.head(t, "t"); h != head+20 {
+				t.Fatalf("the head is %d; want %d, moved by the 20 rows copied", h, head+20)
+			}
+		})
+	}
+}
+
 // TestBackfillRacingWriters: writers update, delete, insert and move (change
 // the key of) rows all over the table (before, at and after the backfill's
 // position) while it runs in small batches; the feed ends equal to the
