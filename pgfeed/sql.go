@@ -272,7 +272,7 @@ SELECT generation` + into + ` FROM m`
 // did on a feed whose statistics said it was small: a round of 1000 keys
 // hashed all 33,000 rows of the feed, three quarters of its time).
 func (n names) sealChanges(docs string) string {
-	g, r, ch := n.generations, n.rows, n.changes
+	r, ch := n.rows, n.changes
 	return `WITH t AS MATERIALIZED (
 	SELECT c.id FROM (
 		SELECT l.id, l.n, sum(l.n) OVER (ORDER BY l.id) AS run
@@ -290,19 +290,30 @@ func (n names) sealChanges(docs string) string {
 	FROM e LEFT JOIN LATERAL (SELECT true AS found, r.doc FROM ` + r + ` AS r WHERE r.feed = $1::text AND r.key = e.key OFFSET 0) AS r ON true
 	WHERE CASE WHEN r.found IS NULL THEN e.doc IS NOT NULL
 		ELSE r.doc IS DISTINCT FROM e.doc OR r.doc::text IS DISTINCT FROM e.doc::text END
-), h AS (
-	UPDATE ` + g + ` SET head = head + (SELECT count(*) FROM w)
-	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM w)
-	RETURNING head - (SELECT count(*) FROM w) AS base
+` + n.sealAt("w") + `
+SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM s), (SELECT count(*) FROM n)`
+}
+
+// sealAt is the end of a round's seal: the CTEs that move the head past
+// the rows of CTE src (key, doc, and ord, their order from 1) and upsert
+// them at head+1.. (a delete stamped with the round's time, deleted_at, as
+// the locked write stamps its own), s returning a row per row sealed, and
+// n, one notify when any was. Both seals end with it, so the two sources of
+// a round's writes are sealed by one text of the rule. It opens with the
+// "), " that closes the CTE before it, and leaves the WITH open.
+func (n names) sealAt(src string) string {
+	return `), h AS (
+	UPDATE ` + n.generations + ` SET head = head + (SELECT count(*) FROM ` + src + `)
+	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM ` + src + `)
+	RETURNING head - (SELECT count(*) FROM ` + src + `) AS base
 ), s AS (
-	INSERT INTO ` + r + ` AS r (feed, key, seq, doc, deleted_at)
-	SELECT $1::text, w.key, h.base + w.ord, w.doc, CASE WHEN w.doc IS NULL THEN now() END FROM w, h
+	INSERT INTO ` + n.rows + ` AS r (feed, key, seq, doc, deleted_at)
+	SELECT $1::text, ` + src + `.key, h.base + ` + src + `.ord, ` + src + `.doc, CASE WHEN ` + src + `.doc IS NULL THEN now() END FROM ` + src + `, h
 	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
 	RETURNING 1
-), o AS (
+), n AS (
 	SELECT pg_notify($3::text, $1::text) FROM (SELECT 1 FROM s LIMIT 1) AS one
-)
-SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM s), (SELECT count(*) FROM o)`
+)`
 }
 
 // lockedUpsert is the locked mode's write (statements.write) over the given
@@ -354,20 +365,9 @@ func (n names) statements() statements {
 	SELECT key, doc FROM ` + u + ` WHERE feed = $1::text ORDER BY key LIMIT $2::bigint FOR UPDATE SKIP LOCKED
 ), o AS (
 	SELECT key, doc, row_number() OVER (ORDER BY key) AS ord FROM c
-), h AS (
-	UPDATE ` + g + ` SET head = head + (SELECT count(*) FROM c)
-	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM c)
-	RETURNING head - (SELECT count(*) FROM c) AS base
 ), d AS (
 	DELETE FROM ` + u + ` AS u USING c WHERE u.feed = $1::text AND u.key = c.key
-), s AS (
-	INSERT INTO ` + r + ` AS r (feed, key, seq, doc, deleted_at)
-	SELECT $1::text, o.key, h.base + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END FROM o, h
-	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
-	RETURNING 1
-), n AS (
-	SELECT pg_notify($3::text, $1::text) FROM (SELECT 1 FROM s LIMIT 1) AS one
-)
+` + n.sealAt("o") + `
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM n)`,
 		probe: `SELECT coalesce((SELECT write_mode FROM ` + g + ` WHERE feed = $1::text), 'locked'),
 	EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text), EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text)`,
