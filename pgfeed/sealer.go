@@ -157,8 +157,11 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 			if err := tx.QueryRow(ctx, s.sql.probe, string(f)).Scan(&m, &left, &recorded); err != nil {
 				return err
 			}
-			if left || recorded {
+			switch {
+			case left:
 				return errors.New("unsealed rows are locked by another transaction")
+			case recorded:
+				return errors.New("recorded changes are left after sealing them all under the write lock")
 			}
 		}
 		if _, err := tx.Exec(ctx, s.sql.updateMode, string(f), string(mode)); err != nil {
@@ -174,7 +177,8 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 	return nil
 }
 
-// SealRound runs one sealing round on f and returns how many rows it sealed;
+// SealRound runs one sealing round on f and returns how many writes it took
+// (unsealed rows sealed, recorded keys read, sealed or found unchanged);
 // see the package doc's "Commit order". It is for implementers and tests:
 // RunSealer runs rounds under the feed's sealer lease. Rounds need no lease
 // to be safe, only to be few: two rounds at once serialise on the feed
@@ -205,8 +209,9 @@ type batcher interface {
 // sealRound is one round: the feed lock (sealLock), then the seal when
 // pending says the feed has unsealed rows and sealChanges when recorded
 // says it has recorded changes (a probe's answers: a source it leaves out
-// waits for the next round), in one transaction. It returns how many writes it took: unsealed rows sealed,
-// and recorded keys read (sealed or found unchanged). Sent as one batch
+// waits for the next round), in one transaction. It returns how many
+// writes it took: unsealed rows sealed, and recorded keys read (sealed or
+// found unchanged). Sent as one batch
 // where db can (a pool, a connection), that is one round trip and one
 // commit: a batch outside a transaction runs as one implicit transaction,
 // and each of its statements still takes its own snapshot in READ
