@@ -116,16 +116,24 @@ type backfillSQL struct {
 
 func (s *Store) backfillStatements(c *capture) backfillSQL {
 	g := s.names.generations
-	var cols, order, pos, tuple, afterCols []string
+	var cols, order, pos, tuple []string
 	for i, k := range c.key {
 		q := "r." + quoteIdent(k.name)
 		cols = append(cols, fmt.Sprintf("%s AS o%d", q, i+1))
 		order = append(order, fmt.Sprintf("b.o%d", i+1))
 		pos = append(pos, fmt.Sprintf("(b.o%d)::text", i+1))
 		tuple = append(tuple, q)
-		afterCols = append(afterCols, fmt.Sprintf("($5::text[])[%d]::%s", i+1, k.typ))
 	}
-	after := "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > (" + strings.Join(afterCols, ", ") + ")"
+	// afterAt is the WHERE that starts a batch after the position given as
+	// parameter p (the last key's columns as text).
+	afterAt := func(p string) string {
+		var at []string
+		for i, k := range c.key {
+			at = append(at, fmt.Sprintf("(%s::text[])[%d]::%s", p, i+1, k.typ))
+		}
+		return "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > (" + strings.Join(at, ", ") + ")"
+	}
+	after := afterAt("$5")
 	var pick []string
 	for i := range c.key {
 		pick = append(pick, fmt.Sprintf("p.o%d", i+1))
@@ -161,7 +169,6 @@ SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
 	}
 	// The keyed statements take no channel (the sealer notifies): $3 is
 	// the write lock's key and $4 the position.
-	keyedAfter := strings.ReplaceAll(after, "$5::text[]", "$4::text[]")
 	keyed := func(where string) string {
 		return `WITH b AS MATERIALIZED (
 	SELECT ` + c.keyExpr + ` AS key, ` + strings.Join(cols, ", ") + `
@@ -184,7 +191,7 @@ SELECT n.rows, NULL::bigint, (SELECT rows FROM p), n.last, (SELECT recorded FROM
 	}
 	return backfillSQL{
 		firstKeyed: keyed(""),
-		nextKeyed:  keyed(keyedAfter),
+		nextKeyed:  keyed(afterAt("$4")),
 		lock: `INSERT INTO ` + g + ` AS g (feed) VALUES ($1::text)
 ON CONFLICT (feed) DO UPDATE SET head = g.head
 RETURNING g.generation, g.head`,
