@@ -104,8 +104,16 @@ type backfillSQL struct {
 	// return a row whose key a writer changed meanwhile with its new key,
 	// which may lie past rows the batch never read.
 	firstShared, nextShared string
-	// firstKeyed and nextKeyed are first and next for a keyed capture in
-	// the concurrent mode, in place or not: they pick the batch's keys in
+	// firstFresh and nextFresh are first and next for a backfill as a new
+	// generation, in either mode: the reset emptied the feed and holds
+	// every writer back, and a capture's keys are unique in its table, so
+	// each batch inserts its rows with their seqs, no upsert, no unsealed
+	// copy to seal after. A batch holding a row the feed refuses hands
+	// those rows to the write function, which refuses them with its own
+	// error before it writes anything, and the statement fails.
+	firstFresh, nextFresh string
+	// firstKeyed and nextKeyed are first and next for an in-place batch of
+	// a keyed capture in the concurrent mode: they pick the batch's keys in
 	// key order and record them (record, as the capture's trigger does),
 	// for the sealer to read each row's document when it seals it (see the
 	// package doc's # Backfill), and the progress. Their fifth column is
@@ -167,6 +175,33 @@ func (s *Store) backfillStatements(c *capture) backfillSQL {
 )
 SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
 	}
+	fresh := func(where string) string {
+		return `WITH b AS MATERIALIZED (
+	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
+	FROM ` + c.table + ` AS r` + where + `
+	ORDER BY ` + strings.Join(tuple, ", ") + `
+	LIMIT $2::bigint
+), n AS (
+	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
+), x AS (
+	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text, $4::bigint) AS refused
+	FROM b WHERE b.key IS NULL OR b.key = '' OR octet_length(b.key) > 512 OR b.doc = 'null'::jsonb
+	HAVING count(*) > 0
+), g AS (
+	UPDATE ` + s.names.generations + ` AS g SET head = g.head + n.rows FROM n WHERE g.feed = $1::text AND n.rows > 0
+	RETURNING g.head
+), w AS (
+	INSERT INTO ` + s.names.rows + ` (feed, key, seq, doc, deleted_at)
+	SELECT $1::text, o.key, g.head - n.rows + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END
+	FROM (SELECT b.key, b.doc, row_number() OVER () AS ord FROM b) AS o, g, n
+), p AS (
+	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
+		updated_at = clock_timestamp(), finished_at = CASE WHEN n.rows < $2::bigint THEN clock_timestamp() END
+	FROM n WHERE f.feed = $1::text
+	RETURNING f.rows
+)
+SELECT n.rows, (SELECT head FROM g), (SELECT rows FROM p), n.last, (SELECT refused FROM x) FROM n`
+	}
 	// The keyed statements take no channel (the sealer notifies): $3 is
 	// the write lock's key and $4 the position.
 	keyed := func(where string) string {
@@ -190,6 +225,8 @@ SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
 SELECT n.rows, NULL::bigint, (SELECT rows FROM p), n.last, (SELECT recorded FROM w) FROM n`
 	}
 	return backfillSQL{
+		firstFresh: fresh(""),
+		nextFresh:  fresh(after),
 		firstKeyed: keyed(""),
 		nextKeyed:  keyed(afterAt("$4")),
 		lock: `INSERT INTO ` + g + ` AS g (feed) VALUES ($1::text)
@@ -270,9 +307,12 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 	// holds the feed lock, or, when shared, the feed's write lock shared
 	// in the concurrent mode.
 	key := s.writeKey(opts.Feed)
-	batch := func(tx pgx.Tx, shared, keyed bool) (bool, error) {
+	// fresh says the batch is a new generation's (firstFresh, nextFresh).
+	batch := func(tx pgx.Tx, shared, keyed, fresh bool) (bool, error) {
 		q, args := st.first, []any{f, int64(opts.BatchSize), s.names.channel, key}
 		switch {
+		case fresh:
+			q = st.firstFresh
 		case keyed:
 			q, args = st.firstKeyed, []any{f, int64(opts.BatchSize), key}
 		case shared:
@@ -281,6 +321,8 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		if position != nil {
 			q, args = st.next, append(args, position)
 			switch {
+			case fresh:
+				q = st.nextFresh
 			case keyed:
 				q = st.nextKeyed
 			case shared:
@@ -291,9 +333,13 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		var head, rows *int64
 		var last []string
 		recorded := new(true)
+		var refused *int64
 		dest := []any{&n, &head, &rows, &last}
-		if keyed {
+		switch {
+		case keyed:
 			dest = append(dest, &recorded)
+		case fresh:
+			dest = append(dest, &refused)
 		}
 		if err := tx.QueryRow(ctx, q, args...).Scan(dest...); err != nil {
 			return false, fail("copying a batch", err)
@@ -304,6 +350,10 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		case !*recorded:
 			// The batch holds the write lock, so the mode it read holds.
 			return false, fail("copying a batch", errors.New("the feed left the concurrent mode under the batch's write lock"))
+		case refused != nil:
+			// write refuses every row handed to it for refusal; one that
+			// returned means the two filters differ.
+			return false, fail("copying a batch", errors.New("the write function took a row the backfill held for refused"))
 		}
 		if n > 0 {
 			position = last
@@ -348,21 +398,16 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 	started_at = clock_timestamp(), updated_at = clock_timestamp(), finished_at = NULL`, f, c.version); err != nil {
 				return fail("recording the backfill", err)
 			}
-			// The reset holds the write lock exclusive to the commit, so
-			// every captured writer's feed write lands after the copy, in
-			// either mode; no row is read FOR SHARE (a writer that changed
-			// a row and waits for the lock in its trigger would deadlock
-			// with a read that waits for its row).
-			// The reset holds the write lock exclusive, so the mode read
-			// now holds to the commit.
-			var mode string
-			var g, h int64
-			if err := tx.QueryRow(ctx, st.mode, f).Scan(&mode, &g, &h); err != nil {
-				return fail("reading the write mode", err)
-			}
-			concurrent := feed.WriteMode(mode) == feed.WriteConcurrent
+			// The reset holds the write lock exclusive and the feed's
+			// generations row to the commit, so every captured writer's
+			// feed write, and every sealing round, lands after the copy, in
+			// either mode; the copy is written sealed, seqs and all, as the
+			// locked mode writes, so the new generation commits whole and
+			// every sink publishes it complete. No row is read FOR SHARE (a
+			// writer that changed a row and waits for the lock in its
+			// trigger would deadlock with a read that waits for its row).
 			for {
-				done, err := batch(tx, false, c.keyed && concurrent)
+				done, err := batch(tx, false, false, true)
 				if err != nil {
 					return err
 				}
@@ -371,21 +416,8 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 					break
 				}
 			}
-			if !concurrent {
-				return nil
-			}
-			// The copy is unsealed rows or recorded keys: seal them here,
-			// under the reset's locks, so the new generation commits whole
-			// and every sink publishes it complete, as in the locked mode.
-			for {
-				n, err := s.sealIn(ctx, tx, opts.Feed, int64(opts.BatchSize))
-				if err != nil {
-					return fail("sealing the copy", err)
-				}
-				if n == 0 {
-					break
-				}
-			}
+			var mode string
+			var g, h int64
 			if err := tx.QueryRow(ctx, st.mode, f).Scan(&mode, &g, &h); err != nil {
 				return fail("reading the head", err)
 			}
@@ -449,7 +481,7 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 			}
 			res.Generation, res.Head = feed.Generation(gen), feed.Seq(head)
 			var err error
-			done, err = batch(tx, shared, shared && c.keyed)
+			done, err = batch(tx, shared, shared && c.keyed, false)
 			return err
 		})
 		if err != nil {

@@ -451,6 +451,16 @@ func backfillNewGeneration(t *testing.T, m capMode) {
 	if n, h := e.unsealed(t, "t"); n != 0 || h != res.Head || h < 500 {
 		t.Fatalf("the new generation committed with %d writes unsealed and head %d (Backfill said %d); want none, and every row sealed", n, h, res.Head)
 	}
+	// Its rows hold the seqs right below the head, each once: a sink that
+	// reads up to the head has read them all.
+	rows := e.feedRows(t, "t")
+	seqs := map[int64]bool{}
+	for k, r := range rows {
+		if r.seq <= int64(res.Head)-int64(len(rows)) || r.seq > int64(res.Head) || seqs[r.seq] {
+			t.Fatalf("key %s at seq %d: want each seq of %d..%d once", k, r.seq, int64(res.Head)-int64(len(rows))+1, res.Head)
+		}
+		seqs[r.seq] = true
+	}
 	e.same(t, "new generation", "t", e.want(t, table))
 	if ts := e.tombstones(t, "t"); len(ts) != 0 {
 		t.Fatalf("the new generation has tombstones %q", ts)
@@ -491,8 +501,9 @@ func TestBackfillBadInput(t *testing.T) {
 // document the feed refuses (JSON null from the capture's expression) or
 // whose key it refuses (over 512 bytes) fails the backfill with the feed's
 // own reason, and the batch it was in writes nothing: no row, no head, no
-// progress. The capture's trigger would have refused the same row; the
-// backfill must not let through what the trigger cannot.
+// progress; as a new generation, the whole copy rolls back. The capture's
+// trigger would have refused the same row; the backfill must not let
+// through what the trigger cannot.
 func TestBackfillRefusesWhatWriteRefuses(t *testing.T) {
 	inBothModes(t, func(t *testing.T, m capMode) {
 		ctx := t.Context()
@@ -519,16 +530,24 @@ func TestBackfillRefusesWhatWriteRefuses(t *testing.T) {
 				// that row is in the feed already; the backfill must add
 				// nothing to it.
 				before := e.feedRows(t, "t")
+				g0, _ := e.head(t, "t")
 				_, h0 := e.unsealed(t, "t")
-				_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100})
-				if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, feed.ErrWriteFailed) {
-					t.Fatalf("Backfill over a row the feed refuses = %v; want a write failure saying %q", err, c.want)
-				}
-				if n, head := e.unsealed(t, "t"); n != 0 || head != h0 {
-					t.Errorf("the refused batch left %d unsealed rows and head %d; want none and %d", n, head, h0)
-				}
-				if rows := e.feedRows(t, "t"); len(rows) != len(before) {
-					t.Errorf("the refused batch wrote %d rows; the feed had %d", len(rows)-len(before), len(before))
+				// In place, and as a new generation, whose copy is written
+				// by a statement of its own.
+				for _, fresh := range []bool{false, true} {
+					_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, NewGeneration: fresh})
+					if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, feed.ErrWriteFailed) {
+						t.Fatalf("Backfill (new generation %v) over a row the feed refuses = %v; want a write failure saying %q", fresh, err, c.want)
+					}
+					if n, head := e.unsealed(t, "t"); n != 0 || head != h0 {
+						t.Errorf("new generation %v: the refused batch left %d unsealed rows and head %d; want none and %d", fresh, n, head, h0)
+					}
+					if g, _ := e.head(t, "t"); g != g0 {
+						t.Errorf("new generation %v: the refused backfill left the feed at generation %d; want %d", fresh, g, g0)
+					}
+					if rows := e.feedRows(t, "t"); len(rows) != len(before) {
+						t.Errorf("new generation %v: the refused batch wrote %d rows; the feed had %d", fresh, len(rows)-len(before), len(before))
+					}
 				}
 			})
 		}

@@ -433,11 +433,11 @@
 // one transaction that resets the feed first and holds the lock until its
 // commit (in the concurrent mode the write lock exclusive, which every
 // captured writer's trigger waits for): sinks see the new generation
-// complete or not at all, which is the table-shaped rebuild. In the
-// concurrent mode the copy is unsealed rows, or recorded keys for a keyed
-// capture, and the same transaction seals them before it commits, under
-// the reset's locks, so the new generation is never seen half sealed. It
-// reads no row
+// complete or not at all, which is the table-shaped rebuild. The reset
+// emptied the feed and nothing else writes it until the commit, and a
+// capture's keys are unique in its table, so each batch inserts its rows
+// sealed, seqs and all, in either mode: no upsert, no unsealed copy for a
+// sealer, and the new generation is never seen half sealed. It reads no row
 // FOR SHARE: every writer's feed write comes after its commit anyway, and a
 // writer that changed a row and waits in its trigger for the lock would
 // deadlock with a read waiting for that row.
