@@ -107,7 +107,13 @@ func (o SealerOptions) resolve() (SealerOptions, error) {
 // either mode and holds back every new one until it commits. Moving to the
 // locked mode first seals every unsealed row, so the locked mode never
 // meets one. Processes that cached the old mode find out at their next
-// write (see Write). The switch notifies the store's mode channel at its
+// write (see Write); a writer whose REPEATABLE READ or SERIALIZABLE
+// snapshot predates the switch fails with SQLSTATE 40001 instead (see the
+// package doc's # Commit order, Isolation levels), for which a switch that
+// changes the mode also rewrites the feed's row of the switches table. A
+// switch to the mode the feed already has rewrites neither row, so it fails
+// no such writer (to the locked mode, it still seals what waits). The
+// switch notifies the store's mode channel at its
 // commit, which wakes every sealer of f already running (RunSealer, which
 // a syncer.Runner and kairos run start) in any process whose store listens:
 // the first writes after a switch to the concurrent mode are sealed as
