@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/internal/pgtest"
 	"github.com/kairos-es/kairos/pgfeed"
 )
 
@@ -267,5 +270,74 @@ func TestSnapshotLockTxAfterModeSwitch(t *testing.T) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("LockTx returned with the feed in the locked mode, but another transaction locks its generations row at once (%v)", err)
+	}
+}
+
+// TestSetWriteModeWhateverTheSessionDefault: a switch to the locked mode
+// from a store whose sessions default to REPEATABLE READ or SERIALIZABLE
+// (default_transaction_isolation, as a role or database setting can make
+// it) waits for an open concurrent writer and then seals its write, as in
+// READ COMMITTED. The switch's first statement takes its snapshot before
+// the write lock waits for the writer; a drain that read that snapshot
+// would not see the writer's row, and would leave it unsealed in a feed
+// of the locked mode.
+func TestSetWriteModeWhateverTheSessionDefault(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+			ctx := t.Context()
+			const f = feed.FeedName("switched")
+			w := newStore(t, d, pgfeed.Options{})
+			snapshotPool := pgtest.PoolWith(t, pgtest.URL(), func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			})
+			sw := newStore(t, db{pool: snapshotPool, schema: d.schema}, pgfeed.Options{})
+			if err := sw.SetWriteMode(ctx, f, feed.WriteConcurrent); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := d.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			var pid int32
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Write(ctx, tx, f, []feed.Change{feed.Put("k", []byte(`{"v": 1}`))}); err != nil {
+				t.Fatal(err)
+			}
+			switched := make(chan error, 1)
+			go func() { switched <- sw.SetWriteMode(ctx, f, feed.WriteLocked) }()
+			for waiting := false; !waiting; {
+				select {
+				case err := <-switched:
+					t.Fatalf("the switch returned (%v) while a concurrent writer was open", err)
+				default:
+				}
+				if err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-switched; err != nil {
+				t.Fatalf("SetWriteMode(locked): %v", err)
+			}
+			desc, err := w.Describe(ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if desc.Mode != feed.WriteLocked || desc.Unsealed != 0 {
+				t.Fatalf("after the switch: mode %s, %d writes unsealed; want the locked mode and none", desc.Mode, desc.Unsealed)
+			}
+			if got := feedDocs(t, w, f)["k"]; got != `{"v": 1}` {
+				t.Fatalf("key k in the feed: %q; want the writer's document", got)
+			}
+		})
 	}
 }
