@@ -69,7 +69,10 @@ func renameInvalid(err error, field string) error {
 // is the write lock, shared, as a concurrent writer takes it, so projections
 // committing to one feed do not wait for each other, and a ResetTx still
 // waits for them. A caller that will write other rows and then the feed takes it
-// before them, so that it takes its locks in the order a reset does.
+// before them, so that it takes its locks in the order a reset does. In
+// REPEATABLE READ or SERIALIZABLE it fails, as Write does, with SQLSTATE
+// 40001 when a switch of the feed's mode committed after the transaction's
+// snapshot, rather than take the lock of the mode the snapshot shows.
 func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) error {
 	if tx == nil {
 		return feed.Invalid("tx", "must not be nil")
@@ -83,11 +86,20 @@ func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) error {
 		return fail(err)
 	}
 	if mode == feed.WriteConcurrent {
-		if _, err := tx.Exec(ctx, s.sql.shareWrite, s.writeKey(f)); err != nil {
+		var snapshot bool
+		if err := tx.QueryRow(ctx, s.sql.shareWrite, s.writeKey(f)).Scan(&snapshot); err != nil {
 			return fail(err)
 		}
 		var one int
 		err := tx.QueryRow(ctx, s.sql.shareFeed, string(f)).Scan(&one)
+		if err == nil && snapshot {
+			// shareFeed read the transaction's snapshot, which may predate
+			// the lock (see statements.modeSeen).
+			_, err = tx.Exec(ctx, s.sql.modeSeen, string(f))
+			if err != nil {
+				return fail(err)
+			}
+		}
 		if err == nil {
 			return nil
 		}

@@ -8,7 +8,7 @@
 // # Schema
 //
 // Migrate creates, in a configurable schema (default "kairos") with a
-// configurable table prefix (default "feed_"), six logged tables:
+// configurable table prefix (default "feed_"), seven logged tables:
 //
 //   - generations(feed, generation, head, projection, partition,
 //     write_mode): one row per feed, created by its first write (or by
@@ -24,6 +24,9 @@
 //     waiting to be sealed (doc NULL for a delete), one per key.
 //   - sealers(feed, lease_holder, lease_expires_at): the sealer's lease of
 //     each concurrent-mode feed.
+//   - switches(feed, switched_at): one row per feed whose write mode was
+//     switched, rewritten by each switch and by nothing else (see
+//     # Commit order, Isolation levels).
 //   - cursors(feed, sink, generation, seq, lease_holder, lease_expires_at,
 //     last_advance_at): one row per registered sink. An absent cursor is NULL
 //     generation and seq; an advisory holder has a NULL expiry.
@@ -150,9 +153,41 @@
 // rate of the same transactions without the feed where Write kept 0.51–0.59×
 // (BENCHMARKS.md, P6). The function follows the row's mode as Write does,
 // and, being VOLATILE, takes a fresh snapshot for its upsert after its lock
-// statement, so the argument above holds for it unchanged. A batch sent
-// outside a transaction is one implicit transaction: the write commits or
-// rolls back with the rest of the batch.
+// statement (in READ COMMITTED; see Isolation levels), so the argument above
+// holds for it unchanged. A batch sent outside a transaction is one implicit
+// transaction: the write commits or rolls back with the rest of the batch.
+//
+// Isolation levels. The argument above has a writer read the mode after its
+// lock, which READ COMMITTED gives: each statement reads a snapshot of its
+// own. A transaction in REPEATABLE READ or SERIALIZABLE reads every
+// statement from the snapshot its first statement took, which may predate
+// the lock, so a writer there may read the mode a switch that committed in
+// between replaced; after a switch to the locked mode it would leave its
+// change unsealed (or its keys recorded) in a feed no sealer seals, until
+// the feed went concurrent again. It cannot read the mode as of after its
+// lock, so it checks instead that no switch committed after its snapshot:
+// every concurrent-mode write in these levels (Write, QueueWrite's
+// write_result, a captured table's write and record functions, and LockTx)
+// runs migration 8's mode_seen once it holds the write lock shared and has
+// read the concurrent mode, and a switch that changes the mode rewrites the
+// feed's row of the switches table in its own transaction. mode_seen
+// inserts that row with ON CONFLICT DO NOTHING, which PostgreSQL fails in
+// these levels when the row it finds is newer than the snapshot; mode_seen
+// then fails the transaction with SQLSTATE 40001 and the message "its write
+// mode changed under this transaction's snapshot", and nothing it wrote
+// commits. Run the transaction again, as after any serialization failure:
+// its new snapshot is taken after the switch. In the locked mode there is
+// nothing to add: the upsert locks the generations row, and PostgreSQL
+// fails it with 40001 when that row changed after the snapshot (a switch,
+// or any other locked writer's commit, so locked writers in these levels
+// fail whenever another wrote the feed since their snapshot). The check
+// reads a row that only switches write, so a sealing round does not fail
+// it, and it locks no row and, finding the row, writes nothing, so writers
+// in these levels still never wait for each other; they pay one statement
+// more (Write, LockTx) or a subtransaction in the function. A READ
+// COMMITTED writer, the default, pays one test of the level and nothing
+// else. A switch made by a build before migration 8 rewrites no row, and
+// such writers cannot see it: switch modes with a build that has it.
 //
 // # Cursor moves
 //
@@ -231,10 +266,11 @@
 // shared and upserts the keys' rows unsealed with Write's own statement text
 // (the migration renders it from the same Go source), and the sealer seals
 // them after the commit. As in Write, the mode is checked by each mode's
-// statement under that mode's lock, and a SetWriteMode, which takes both
-// locks, waits for every open captured writer and holds back the next, so no
-// captured row is written in a mode the feed just left (an unsealed row in a
-// locked feed would never be sealed). The trigger passes the write lock's
+// statement under that mode's lock (in REPEATABLE READ and SERIALIZABLE as
+// # Commit order's Isolation levels says), and a SetWriteMode, which takes
+// both locks, waits for every open captured writer and holds back the next,
+// so no captured row is written in a mode the feed just left (an unsealed row
+// in a locked feed would never be sealed). The trigger passes the write lock's
 // key, which Go derives, as a literal of its generated SQL. That function is
 // the one place a write mode lives; every installed trigger calls it, so a
 // feed switches modes with no change to its triggers. A change set has each

@@ -36,5 +36,6 @@ func ExampleMigrations() {
 	// pgfeed 5 0005_unsealed - "app"."outbox_migrations" "app"."outbox_unsealed"
 	// pgfeed 6 0006_write_result - "app"."outbox_migrations"
 	// pgfeed 7 0007_changes - "app"."outbox_migrations" "app"."outbox_changes"
+	// pgfeed 8 0008_switches - "app"."outbox_migrations" "app"."outbox_switches"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

@@ -85,7 +85,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: "x_"}); err != nil || len(got) != 0 {
 		t.Fatalf("a later Migrate applied %v, %v; want nothing", got, err)
 	}
-	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfills", "x_captures", "x_changes", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows", "x_sealers", "x_unsealed"}) {
+	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfills", "x_captures", "x_changes", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows", "x_sealers", "x_switches", "x_unsealed"}) {
 		t.Fatalf("tables = %v", got)
 	}
 	var unlogged int
@@ -144,6 +144,71 @@ INSERT INTO `+q+`feed_rows (feed, key, seq, doc, pending, pending_doc) VALUES
 	_, err = pool.Exec(t.Context(), `UPDATE `+q+`feed_rows SET pending = true, pending_doc = '{"v":4}' WHERE feed = 'f' AND key = 'sealed'`)
 	if !strings.Contains(fmt.Sprint(err), "unsealed_writes_live_apart") {
 		t.Fatalf("a write in the old layout after the migration: %v; want the check to refuse it", err)
+	}
+}
+
+// TestMigrateRecordsConcurrentFeeds: migration 8 gives every feed already
+// in the concurrent mode its row of the switches table, the row a writer
+// in REPEATABLE READ checks (mode_seen) and a switch rewrites, so that such
+// a writer of a feed switched before the step does not add it itself; a
+// feed in the locked mode gets its row at its first switch. The check
+// then finds the row as the snapshot sees it and adds nothing.
+func TestMigrateRecordsConcurrentFeeds(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	schema := pgtest.Schema(t)
+	list, err := pgfeed.Migrations(pgfeed.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range list {
+		if m.Version <= 7 {
+			if _, err := pool.Exec(t.Context(), m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatalf("migration %d: %v", m.Version, err)
+			}
+		}
+	}
+	q := `"` + schema + `".`
+	if _, err := pool.Exec(t.Context(), `INSERT INTO `+q+`feed_generations (feed, head, write_mode) VALUES ('c', 1, 'concurrent'), ('l', 1, 'locked')`); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema}); err != nil || !slices.Equal(got, []int{8}) {
+		t.Fatalf("Migrate = %v, %v; want migration 8 applied", got, err)
+	}
+	switched := func() []string {
+		t.Helper()
+		rows, err := pool.Query(t.Context(), `SELECT feed FROM `+q+`feed_switches ORDER BY feed`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		feeds, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return feeds
+	}
+	if got := switched(); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("after the migration the switches table holds %v; want the concurrent feed c", got)
+	}
+	err = pgx.BeginTxFunc(t.Context(), pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		var xid *string
+		if _, err := tx.Exec(t.Context(), `SELECT `+q+`feed_mode_seen('c')`); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(t.Context(), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil || xid != nil {
+			return fmt.Errorf("after the check the transaction has id %v (%v); want none: the check writes nothing", xid, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, db{pool: pool, schema: schema}, pgfeed.Options{})
+	if err := s.SetWriteMode(t.Context(), "l", feed.WriteConcurrent); err != nil {
+		t.Fatal(err)
+	}
+	if got := switched(); !slices.Equal(got, []string{"c", "l"}) {
+		t.Fatalf("after l's switch the switches table holds %v; want c and l", got)
 	}
 }
 

@@ -100,14 +100,21 @@ func (o SealerOptions) resolve() (SealerOptions, error) {
 	return o, nil
 }
 
-// SetWriteMode moves f to mode, in one transaction of its own; see the
-// package doc's "Commit order" for when to choose which. It takes the feed's
+// SetWriteMode moves f to mode, in one transaction of its own, in READ
+// COMMITTED whatever the session's default; see the package doc's "Commit
+// order" for when to choose which. It takes the feed's
 // write lock exclusive and its generations row FOR UPDATE (creating it, as a
 // never-written feed's, when absent), which waits for every open writer of
 // either mode and holds back every new one until it commits. Moving to the
 // locked mode first seals every unsealed row, so the locked mode never
 // meets one. Processes that cached the old mode find out at their next
-// write (see Write). The switch notifies the store's mode channel at its
+// write (see Write); a writer whose REPEATABLE READ or SERIALIZABLE
+// snapshot predates the switch fails with SQLSTATE 40001 instead (see the
+// package doc's # Commit order, Isolation levels), for which a switch that
+// changes the mode also rewrites the feed's row of the switches table. A
+// switch to the mode the feed already has rewrites neither row, so it fails
+// no such writer (to the locked mode, it still seals what waits). The
+// switch notifies the store's mode channel at its
 // commit, which wakes every sealer of f already running (RunSealer, which
 // a syncer.Runner and kairos run start) in any process whose store listens:
 // the first writes after a switch to the concurrent mode are sealed as
@@ -129,7 +136,7 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 	if err := mode.Validate("mode"); err != nil {
 		return err
 	}
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.sql.setMode, string(f)); err != nil {
 			return err
 		}
@@ -175,6 +182,28 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 	}
 	s.modes.Store(f, mode)
 	return nil
+}
+
+// readCommitted runs fn in a transaction of its own in READ COMMITTED,
+// whatever the session's default isolation level (a role or a database
+// may set default_transaction_isolation), as Backfill runs its batches:
+// its statements after a lock must each read a snapshot taken after the
+// lock was granted. A pool or a connection says so in its BEGIN; any other
+// DBTX (a transaction, which then runs fn in a savepoint) in a statement of
+// its own, which fails unless that transaction is in READ COMMITTED
+// already.
+func (s *Store) readCommitted(ctx context.Context, fn func(pgx.Tx) error) error {
+	if b, ok := s.db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+	}
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
 }
 
 // SealRound runs one sealing round on f and returns how many writes it took

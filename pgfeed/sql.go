@@ -20,8 +20,9 @@ type statements struct {
 	// committed row versions, not on the statement's snapshot.
 	write string
 	// writeConcurrent is the concurrent mode's write, run after shareWrite
-	// in the same transaction (and so with a snapshot taken after that lock
-	// was granted): only while the feed's row says the concurrent mode, it
+	// in the same transaction (and so, in READ COMMITTED, with a snapshot
+	// taken after that lock was granted; in the other levels see modeSeen):
+	// only while the feed's row says the concurrent mode, it
 	// upserts each key's write into the unsealed table (one narrow tuple
 	// and one index entry per key), leaving the key's sealed row as it is,
 	// and returns the generation the write lands in. It locks no
@@ -38,7 +39,16 @@ type statements struct {
 	// (FOR KEY SHARE on the generations row) would make 16 writers build a
 	// multixact per new locker and write the row's lock bits to one hot
 	// heap page and the WAL, this writes nothing (BENCHMARKS.md, P6c).
+	// shareWrite also says whether the transaction reads one snapshot
+	// throughout (snapshotTx), and so must run modeSeen too.
 	shareWrite, excludeWrite string
+	// modeSeen is migration 8's mode_seen: run under shareWrite by a writer
+	// in REPEATABLE READ or SERIALIZABLE whose statement found the
+	// concurrent mode, it fails the transaction (SQLSTATE 40001) when a
+	// switch of the feed's mode committed after the transaction's snapshot,
+	// which the mode was read from. A READ COMMITTED writer's statements
+	// each read a snapshot taken after the lock, and skip it.
+	modeSeen string
 	// writeResult is QueueWrite's one statement: migration 6's
 	// write_result function, Write's two modes in one call that returns
 	// the generation and, in the locked mode, the new head.
@@ -77,8 +87,11 @@ type statements struct {
 	takeSealer, renewSealer, clearSealer string
 	// setMode creates the generations row when absent; excludeWrite and
 	// lockReset then wait for every writer of either mode, and updateMode
-	// records the mode; notifyMode, in the same transaction, tells every
-	// listening sealer of the switch at its commit.
+	// records the mode and, when it changed, rewrites the feed's row of
+	// migration 8's switches table, whose newer version a writer that read
+	// the mode from an older snapshot cannot miss (statements.modeSeen);
+	// notifyMode, in the same transaction, tells every listening sealer of
+	// the switch at its commit.
 	setMode, updateMode, notifyMode string
 	// sealedRange reads, in one snapshot, the feed's generation and, over
 	// the given keys' rows, the lowest and highest seq and whether any still
@@ -230,6 +243,20 @@ func (n names) concurrentUpsert(feedName, keys, docs, into string) string {
 SELECT generation` + into + ` FROM m`
 }
 
+// snapshotTx is true in a transaction whose statements all read the
+// snapshot its first statement took (REPEATABLE READ, SERIALIZABLE): there
+// a statement after a lock may still read rows as they were before the
+// lock's last holder changed them.
+const snapshotTx = `current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted')`
+
+// modeSeen is the PL/pgSQL statement a function runs, under the feed's
+// write lock shared, after it read the concurrent mode from the feed's row:
+// in a snapshotTx, mode_seen (statements.modeSeen). Migration 8's
+// functions run it as Write and LockTx run their statements.
+func (n names) modeSeen(feedName string) string {
+	return `IF ` + snapshotTx + ` THEN PERFORM ` + n.table("mode_seen") + `(` + feedName + `); END IF;`
+}
+
 // unsealedUpsert is the concurrent mode's upsert of unsealed writes
 // (statements.writeConcurrent), written over the given feed name, keys and
 // documents (text or jsonb), returning the generation, into the given
@@ -357,7 +384,8 @@ func (n names) statements() statements {
 		writeResult:     `SELECT written_generation, written_head FROM ` + n.table("write_result") + `($1::text, $2::text[], $3::text[], $4::text, $5::bigint, $6::text)`,
 		modeOf:          `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
 		shareFeed:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
-		shareWrite:      `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
+		shareWrite:      `SELECT ` + snapshotTx + ` FROM pg_advisory_xact_lock_shared($1::bigint) AS l`,
+		modeSeen:        `SELECT ` + n.table("mode_seen") + `($1::text)`,
 		excludeWrite:    `SELECT pg_advisory_xact_lock($1::bigint)`,
 		lockReset:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
 		sealLock:        `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
@@ -382,8 +410,12 @@ WHERE feed = $1::text AND lease_holder = $2::text
 RETURNING 1`,
 		clearSealer: `UPDATE ` + sl + ` SET lease_holder = NULL, lease_expires_at = NULL WHERE feed = $1::text AND lease_holder = $2::text`,
 		setMode:     `INSERT INTO ` + g + ` (feed) VALUES ($1::text) ON CONFLICT (feed) DO NOTHING`,
-		updateMode:  `UPDATE ` + g + ` SET write_mode = $2::text WHERE feed = $1::text`,
-		notifyMode:  `SELECT pg_notify($1::text, $2::text)`,
+		updateMode: `WITH m AS (
+	UPDATE ` + g + ` SET write_mode = $2::text WHERE feed = $1::text AND write_mode IS DISTINCT FROM $2::text RETURNING feed
+)
+INSERT INTO ` + n.table("switches") + ` AS s (feed) SELECT feed FROM m
+ON CONFLICT (feed) DO UPDATE SET switched_at = excluded.switched_at`,
+		notifyMode: `SELECT pg_notify($1::text, $2::text)`,
 
 		sealedRange: `SELECT coalesce((SELECT generation FROM ` + g + ` WHERE feed = $1::text), 1),
 	min(seq), max(seq), EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text AND key = ANY ($2::text[]))

@@ -186,7 +186,10 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // SetWriteMode costs the write one statement more, never a row in the wrong
 // mode. (The locked statement's refusal still holds the feed lock to the
 // transaction's end, which delays the sealer by as much, once per store
-// after a switch.)
+// after a switch.) In REPEATABLE READ or SERIALIZABLE a write fails with
+// SQLSTATE 40001 when a switch committed after the transaction's snapshot
+// (see the package doc's # Commit order, Isolation levels); run the
+// transaction again.
 func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes []feed.Change) (feed.WriteResult, error) {
 	if tx == nil {
 		return feed.WriteResult{}, feed.Invalid("tx", "must not be nil")
@@ -212,10 +215,20 @@ func (s *Store) Write(ctx context.Context, tx pgx.Tx, f feed.FeedName, changes [
 	for range 2 {
 		if mode == feed.WriteConcurrent {
 			var gen int64
+			var snapshot bool
 			b := &pgx.Batch{}
-			b.Queue(s.sql.shareWrite, s.writeKey(f))
+			b.Queue(s.sql.shareWrite, s.writeKey(f)).QueryRow(func(r pgx.Row) error { return r.Scan(&snapshot) })
 			b.Queue(s.sql.writeConcurrent, string(f), keys, docs).QueryRow(func(r pgx.Row) error { return r.Scan(&gen) })
 			err := tx.SendBatch(ctx, b).Close()
+			if err == nil && snapshot {
+				// The upsert read the mode from the transaction's snapshot,
+				// which may predate the lock; this fails the transaction
+				// if a switch committed since (see statements.modeSeen).
+				_, err = tx.Exec(ctx, s.sql.modeSeen, string(f))
+				if err != nil {
+					return fail(err)
+				}
+			}
 			if err == nil {
 				return concurrentResult(gen, changes), nil
 			}
@@ -293,7 +306,9 @@ func concurrentResult(gen int64, changes []feed.Change) feed.WriteResult {
 // Close (or by the read of its result) as a *feed.WriteFailedError. done
 // may be nil; it is called at most once, only when the write succeeded.
 //
-// As with Write, in either mode the application's own statement must lock
+// As with Write, a transaction in REPEATABLE READ or SERIALIZABLE fails with
+// SQLSTATE 40001 when a switch of the feed's mode committed after its
+// snapshot, and in either mode the application's own statement must lock
 // the key's row before the feed write (a DELETE that finds no row locks
 // nothing): see the README's rule for writing the feed yourself.
 func (s *Store) QueueWrite(b *pgx.Batch, f feed.FeedName, changes []feed.Change, done func(feed.WriteResult)) error {
