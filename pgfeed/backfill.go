@@ -369,21 +369,17 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 	}
 	// Batches run in READ COMMITTED whatever the session's default, so
 	// that each statement reads a snapshot of its own start: the one after
-	// the feed lock must see every writer the lock waited for.
-	// A pool or a connection says so in its BEGIN; any other DBTX in a
-	// statement of its own.
+	// the feed lock must see every writer the lock waited for. A failure
+	// to begin or commit one is a write failure like any other of its
+	// statements.
 	readCommitted := func(fn func(pgx.Tx) error) error {
-		if b, ok := s.db.(interface {
-			BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-		}); ok {
-			return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+		err := s.readCommitted(ctx, fn)
+		var failed *feed.WriteFailedError
+		var invalid *feed.InvalidError
+		if err != nil && ctx.Err() == nil && !errors.As(err, &failed) && !errors.As(err, &invalid) {
+			return fail("running a batch's transaction", err)
 		}
-		return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`); err != nil {
-				return fail("beginning a batch", err)
-			}
-			return fn(tx)
-		})
+		return err
 	}
 
 	if opts.NewGeneration {
