@@ -220,8 +220,14 @@ func run(ctx context.Context, url, dir string) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	if _, err := runner.WaitCaughtUp(ctx); err != nil {
+	caught, err := runner.WaitCaughtUp(ctx)
+	if err != nil {
 		return err
+	}
+	for _, c := range caught {
+		if c.Outcome != syncer.OutcomeApplied {
+			return fmt.Errorf("sink %s did not apply the feed up to its head: %s (cursor %v, parked %v)", c.ID, c.Outcome, c.Cursor, c.Parked)
+		}
 	}
 	got, err := file.Read(path)
 	if err != nil {
