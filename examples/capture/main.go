@@ -32,6 +32,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,7 +137,12 @@ func run(ctx context.Context, url, dir string) error {
 	defer func() { stopRunner(); <-ran }()
 
 	// 3. Writers that know nothing of Kairos: plain SQL, from now to the end.
-	wctx, stopWriters := context.WithCancel(ctx)
+	// They are stopped between two statements, never by cancelling one: the
+	// driver returns from a cancelled statement at once and asks the server
+	// to cancel it over a connection of its own, so the statement may still
+	// commit (its trigger having waited for the feed lock, say) after its
+	// writer returned, and change the table under the check at the end.
+	var stop atomic.Bool
 	var wg sync.WaitGroup
 	var werr error
 	var once sync.Once
@@ -145,27 +151,27 @@ func run(ctx context.Context, url, dir string) error {
 		go func() {
 			defer wg.Done()
 			rnd := rand.New(rand.NewPCG(uint64(w), 7))
-			for wctx.Err() == nil {
+			for !stop.Load() {
 				id := 1 + rnd.IntN(rows+500)
 				var err error
 				switch rnd.IntN(5) {
 				case 0:
-					_, err = pool.Exec(wctx, `DELETE FROM `+schema+`.products WHERE id = $1`, id)
+					_, err = pool.Exec(ctx, `DELETE FROM `+schema+`.products WHERE id = $1`, id)
 				case 1:
-					_, err = pool.Exec(wctx, `INSERT INTO `+schema+`.products VALUES ($1::int, 'new ' || $1::int, 9.99, 'x')
+					_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.products VALUES ($1::int, 'new ' || $1::int, 9.99, 'x')
 						ON CONFLICT (id) DO UPDATE SET name = 'renamed ' || $1::int`, id)
 				default:
-					_, err = pool.Exec(wctx, `UPDATE `+schema+`.products SET price = price + 1 WHERE id BETWEEN $1::int AND $1::int + 9`, id)
+					_, err = pool.Exec(ctx, `UPDATE `+schema+`.products SET price = price + 1 WHERE id BETWEEN $1::int AND $1::int + 9`, id)
 				}
-				if err != nil && wctx.Err() == nil {
+				if err != nil {
 					once.Do(func() { werr = err })
 					return
 				}
 			}
 		}()
 	}
-
-	defer func() { stopWriters(); wg.Wait() }()
+	stopWriters := func() { stop.Store(true); wg.Wait() }
+	defer stopWriters()
 
 	// 4. Backfill the rows that were there before the capture, in place,
 	// while the writers write.
@@ -190,8 +196,9 @@ func run(ctx context.Context, url, dir string) error {
 	}
 	fmt.Fprintf(out, "3. rebuild: feed at generation %d\n", res.Generation)
 	time.Sleep(300 * time.Millisecond)
+	// Every writer's last statement has been answered, so none is still
+	// running on the server: nothing changes the table from here on.
 	stopWriters()
-	wg.Wait()
 	if werr != nil {
 		return fmt.Errorf("a writer failed: %w", werr)
 	}
@@ -213,8 +220,14 @@ func run(ctx context.Context, url, dir string) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	if _, err := runner.WaitCaughtUp(ctx); err != nil {
+	caught, err := runner.WaitCaughtUp(ctx)
+	if err != nil {
 		return err
+	}
+	for _, c := range caught {
+		if c.Outcome != syncer.OutcomeApplied {
+			return fmt.Errorf("sink %s did not apply the feed up to its head: %s (cursor %v, parked %v)", c.ID, c.Outcome, c.Cursor, c.Parked)
+		}
 	}
 	got, err := file.Read(path)
 	if err != nil {
