@@ -189,6 +189,16 @@
 // else. A switch made by a build before migration 8 rewrites no row, and
 // such writers cannot see it: switch modes with a build that has it.
 //
+// A reset (ResetTx, a captured table's TRUNCATE) has the same exposure from
+// the other side: its deletes must remove every write committed before its
+// lock, and in these levels they read the earlier snapshot. In the locked
+// mode every write moves the generations row, whose lock then fails the
+// reset with 40001. In the concurrent mode writers touch no row a reset
+// locks, so an unsealed write committed in between would outlive the reset
+// and be sealed into the new generation; a reset of such a feed outside
+// READ COMMITTED is refused instead (ResetTx's *feed.InvalidError, the
+// TRUNCATE's SQLSTATE 25000), before it writes anything.
+//
 // # Cursor moves
 //
 // A cursor move is one statement (plus one for its park changes, in the same

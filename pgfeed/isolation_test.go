@@ -341,3 +341,96 @@ func TestSetWriteModeWhateverTheSessionDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotResetAfterWrite: a rebuild whose transaction runs in
+// REPEATABLE READ or SERIALIZABLE takes its snapshot, another transaction
+// writes a key and commits, and only then does the rebuild reset the feed:
+// through ResetTx, or through the TRUNCATE of a captured table (the reset
+// function). A reset empties the feed of every write committed before its
+// lock, so the late key must not outlive it: either the reset is refused
+// (ResetTx's InvalidError, the TRUNCATE's SQLSTATE 25000, or a
+// serialization failure), or it commits and the new generation, sealed,
+// has no trace of the late key. In the concurrent mode the late write is
+// an unsealed row that no lock of the reset meets, and a delete that reads
+// the old snapshot leaves it for the sealer to seal into the new
+// generation.
+func TestSnapshotResetAfterWrite(t *testing.T) {
+	t.Parallel()
+	for _, level := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		for _, mode := range []feed.WriteMode{feed.WriteConcurrent, feed.WriteLocked} {
+			for _, via := range []string{"ResetTx", "TRUNCATE"} {
+				t.Run(fmt.Sprintf("%s/%s/%s", level, mode, via), func(t *testing.T) {
+					t.Parallel()
+					snapshotReset(t, level, mode, via)
+				})
+			}
+		}
+	}
+}
+
+func snapshotReset(t *testing.T, level pgx.TxIsoLevel, mode feed.WriteMode, via string) {
+	ctx := t.Context()
+	e := newCapEnv(t, `CREATE TABLE %[1]s.t (id int PRIMARY KEY, name text NOT NULL)`)
+	const f = feed.FeedName("t")
+	// A document expression: in the concurrent mode the trigger writes
+	// unsealed documents, as Write does.
+	if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: f, Schema: e.d.schema, Table: "t", Document: `jsonb_build_object('n', r.id)`}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetWriteMode(ctx, f, mode); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, `INSERT INTO `+e.q("t")+` VALUES (1, 'early')`)
+	sealAll(t, e.s, f)
+	g0, _ := e.head(t, f)
+
+	tx, err := e.d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: level})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+e.q("t")).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	// The late write: the captured table's trigger for a TRUNCATE, which
+	// then removes the row too; Write for ResetTx, whose rebuild writes
+	// the documents it wants afterwards.
+	if via == "TRUNCATE" {
+		e.exec(t, `INSERT INTO `+e.q("t")+` VALUES (2, 'late')`)
+	} else if _, err := e.s.WriteCommitted(ctx, f, []feed.Change{feed.Put("2", []byte(`{"n": 2}`))}); err != nil {
+		t.Fatal(err)
+	}
+	if via == "TRUNCATE" {
+		_, err = tx.Exec(ctx, `TRUNCATE `+e.q("t"))
+	} else {
+		_, err = e.s.ResetTx(ctx, tx, f)
+	}
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		var invalid *feed.InvalidError
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &invalid) && strings.Contains(err.Error(), "needs READ COMMITTED"):
+		case errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "25000" && strings.Contains(pgErr.Message, "needs READ COMMITTED")):
+		default:
+			t.Fatalf("the reset failed: %v; want it to commit, or a refusal saying it needs READ COMMITTED, or a serialization failure", err)
+		}
+		t.Logf("refused: %v", err)
+		if g, _ := e.head(t, f); g != g0 {
+			t.Fatalf("the refused reset left the feed at generation %d; want %d", g, g0)
+		}
+		return
+	}
+	sealAll(t, e.s, f)
+	g, _ := e.head(t, f)
+	docs := feedDocs(t, e.s, f)
+	if g != g0+1 || len(docs) != 0 {
+		t.Fatalf("after the reset the feed is at generation %d with %v; want generation %d, empty: the write committed before the reset's lock outlived it", g, docs, g0+1)
+	}
+	if n, _ := e.unsealed(t, f); n != 0 {
+		t.Fatalf("after the reset %d changes wait to be sealed into the new generation", n)
+	}
+}

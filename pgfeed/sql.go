@@ -42,6 +42,9 @@ type statements struct {
 	// shareWrite also says whether the transaction reads one snapshot
 	// throughout (snapshotTx), and so must run modeSeen too.
 	shareWrite, excludeWrite string
+	// excludeWriteIn is excludeWrite that also says whether the
+	// transaction reads one snapshot throughout (snapshotTx), for ResetTx.
+	excludeWriteIn string
 	// modeSeen is migration 8's mode_seen: run under shareWrite by a writer
 	// in REPEATABLE READ or SERIALIZABLE whose statement found the
 	// concurrent mode, it fails the transaction (SQLSTATE 40001) when a
@@ -55,6 +58,8 @@ type statements struct {
 	writeResult string
 	// modeOf reads the feed's write mode ('locked' for a feed never written).
 	modeOf string
+	// modeIn is modeOf and the transaction's isolation level.
+	modeIn string
 	// shareFeed is LockTx's check, under shareWrite, that the feed is still
 	// in the concurrent mode; no row when it is not.
 	shareFeed string
@@ -383,10 +388,12 @@ func (n names) statements() statements {
 		writeConcurrent: n.unsealedUpsert(`$1::text`, `$2::text[]`, `$3::text[]`, ""),
 		writeResult:     `SELECT written_generation, written_head FROM ` + n.table("write_result") + `($1::text, $2::text[], $3::text[], $4::text, $5::bigint, $6::text)`,
 		modeOf:          `SELECT coalesce(max(write_mode), 'locked') FROM ` + g + ` WHERE feed = $1::text`,
+		modeIn:          `SELECT coalesce(max(write_mode), 'locked'), current_setting('transaction_isolation') FROM ` + g + ` WHERE feed = $1::text`,
 		shareFeed:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text AND write_mode = 'concurrent'`,
 		shareWrite:      `SELECT ` + snapshotTx + ` FROM pg_advisory_xact_lock_shared($1::bigint) AS l`,
 		modeSeen:        `SELECT ` + n.table("mode_seen") + `($1::text)`,
 		excludeWrite:    `SELECT pg_advisory_xact_lock($1::bigint)`,
+		excludeWriteIn:  `SELECT ` + snapshotTx + ` FROM pg_advisory_xact_lock($1::bigint) AS l`,
 		lockReset:       `SELECT 1 FROM ` + g + ` WHERE feed = $1::text FOR UPDATE`,
 		sealLock:        `SELECT head FROM ` + g + ` WHERE feed = $1::text FOR NO KEY UPDATE`,
 		seal: `WITH c AS (

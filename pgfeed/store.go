@@ -433,7 +433,13 @@ func (s *Store) WriteCommitted(ctx context.Context, f feed.FeedName, changes []f
 // delete is a statement of its own, after the lock, so it sees and removes
 // every row a writer it waited for committed: no unsealed row of the old
 // generation is ever sealed into the new one, and no write that committed
-// before the reset survives it. Seqs are not reset, so a cursor of the old
+// before the reset survives it. That holds in READ COMMITTED, where the
+// delete reads a snapshot of its own; a tx in REPEATABLE READ or
+// SERIALIZABLE reads the snapshot it took before the lock, so ResetTx
+// refuses it (an *feed.InvalidError, nothing written) for a feed in the
+// concurrent mode, whose writers touch no row the reset locks, while in
+// the locked mode a write committed in between fails the lock with
+// SQLSTATE 40001. Seqs are not reset, so a cursor of the old
 // generation stays below every row of the new one. It returns the new
 // generation.
 func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.Generation, error) {
@@ -444,11 +450,23 @@ func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.G
 		return 0, err
 	}
 	var gen int64
-	if _, err := tx.Exec(ctx, s.sql.excludeWrite, s.writeKey(f)); err != nil {
+	var snapshot bool
+	if err := tx.QueryRow(ctx, s.sql.excludeWriteIn, s.writeKey(f)).Scan(&snapshot); err != nil {
 		return 0, feed.WriteFailed("resetting feed "+string(f), err)
 	}
 	if _, err := tx.Exec(ctx, s.sql.lockReset, string(f)); err != nil {
 		return 0, feed.WriteFailed("resetting feed "+string(f), err)
+	}
+	if snapshot {
+		// The row lock just taken fails on a generations row newer than
+		// the snapshot, so the mode read now is the feed's.
+		var mode, level string
+		if err := tx.QueryRow(ctx, s.sql.modeIn, string(f)).Scan(&mode, &level); err != nil {
+			return 0, feed.WriteFailed("resetting feed "+string(f), err)
+		}
+		if feed.WriteMode(mode) == feed.WriteConcurrent {
+			return 0, feed.Invalid("tx", "runs in %s; resetting feed %s, which is in the concurrent write mode, needs READ COMMITTED: in this level the reset reads the snapshot the transaction took before its lock, and an unsealed write committed in between would outlive the reset into the new generation", level, f)
+		}
 	}
 	if err := tx.QueryRow(ctx, s.sql.reset, string(f)).Scan(&gen); err != nil {
 		return 0, feed.WriteFailed("resetting feed "+string(f), err)

@@ -28,6 +28,10 @@
 -- upsert locks the generations row, and PostgreSQL fails it with 40001
 -- when the row changed after the snapshot, a switch included.
 --
+-- The reset function is redefined at the end: outside READ COMMITTED it
+-- refuses a feed in the concurrent mode, whose writes committed between the
+-- snapshot and its lock its deletes cannot see.
+--
 -- Rows are written by SetWriteMode, in the switch's transaction, when the
 -- mode changes; below, for the feeds already in the concurrent mode; and by
 -- mode_seen itself for a feed that has none (one a build before this step
@@ -195,5 +199,37 @@ BEGIN
     END IF;
     INSERT INTO {{table "changes"}} (feed, n, keys) VALUES (feed_name, cardinality(keys), keys);
     RETURN true;
+END
+$kairos$;
+
+-- reset (migration 7) again: outside READ COMMITTED, it refuses a feed in
+-- the concurrent mode. Its deletes read the transaction's snapshot, which
+-- may predate the write lock it takes, and an unsealed write or recorded
+-- key that a writer committed in between is invisible to them: it would
+-- outlive the reset and be sealed into the new generation. In the locked
+-- mode every write moves the generations row, so such a write makes the
+-- row lock below fail with 40001 instead; in the concurrent mode writers
+-- touch no row a reset could lock. The mode read after that lock is the
+-- feed's: the lock fails on a row newer than the snapshot.
+CREATE OR REPLACE FUNCTION {{table "reset"}}(feed_name text, channel text, write_key bigint)
+RETURNS bigint LANGUAGE plpgsql AS $kairos$
+DECLARE
+    gen bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(write_key);
+    PERFORM 1 FROM {{table "generations"}} AS g WHERE g.feed = feed_name FOR UPDATE;
+    IF {{snapshotTx}} AND EXISTS (SELECT FROM {{table "generations"}} AS g WHERE g.feed = feed_name AND g.write_mode = 'concurrent') THEN
+        RAISE EXCEPTION 'kairos: feed %: a reset of a feed in the concurrent write mode needs READ COMMITTED; this transaction runs in %', feed_name, current_setting('transaction_isolation')
+            USING ERRCODE = '25000',
+            HINT = 'Run the transaction (the TRUNCATE of a captured table, say) in READ COMMITTED: in this level the reset reads the snapshot the transaction took before its lock, and would keep writes committed in between.';
+    END IF;
+    INSERT INTO {{table "generations"}} AS g (feed, generation) VALUES (feed_name, 2)
+    ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
+    RETURNING g.generation INTO gen;
+    DELETE FROM {{table "rows"}} AS r WHERE r.feed = feed_name;
+    DELETE FROM {{table "unsealed"}} AS u WHERE u.feed = feed_name;
+    DELETE FROM {{table "changes"}} AS c WHERE c.feed = feed_name;
+    PERFORM pg_notify(channel, feed_name);
+    RETURN gen;
 END
 $kairos$;
