@@ -106,7 +106,12 @@
 // build it into a document (MapDocument's or the batch's refusal of that one
 // document). Everything else is an error and the worker retries the batch: a
 // disk or file fault (a write, a sync, an index directory gone), a closed
-// sink or directory, a resync thrown away. The sink cannot be cut off from a
+// sink or directory, a resync thrown away. A batch bleve itself fails (on a
+// full disk, say) also leaves the index opened again from its files before
+// the error returns: bleve keeps such a batch live in memory with parts
+// already released, which no read or later write may touch, so what never
+// reached the disk is dropped, searches serve what did, and the worker's
+// resend lands the batch. The sink cannot be cut off from a
 // server, having none, so its conformance harness has no Fault; its tests
 // check instead that a closed sink, a removed index directory and a damaged
 // pointer or index are errors.

@@ -72,7 +72,12 @@ type root struct {
 type indexDir struct {
 	name string
 	path string
-	idx  bleve.Index
+	// mu guards idx, which a failed batch replaces (see reopen) while
+	// searches may be reading through it: every use of the index holds mu
+	// for reading (use), the replacement for writing.
+	mu   sync.RWMutex
+	idx  bleve.Index // nil once closed, or after a reopen that failed
+	shut bool        // closed for good: idx is never opened again
 	seqs *bolt.DB
 	// floor is the lowest seq a resync copy was sent: every record the
 	// worker sends it afterwards is at or above it (see "The seq guard" in
@@ -364,7 +369,7 @@ func createIndex(dir, name string, m mapping.IndexMapping) (*indexDir, error) {
 
 func openIndex(dir, name string) (*indexDir, error) {
 	ix := &indexDir{name: name, path: filepath.Join(dir, name)}
-	idx, err := bleve.OpenUsing(filepath.Join(ix.path, indexSub), map[string]any{"bolt_timeout": "1s"})
+	idx, err := ix.openBleve()
 	if err != nil {
 		return nil, fmt.Errorf("bleve: opening the live index %s: %w", name, err)
 	}
@@ -374,6 +379,59 @@ func openIndex(dir, name string) (*indexDir, error) {
 		return nil, err
 	}
 	return ix, nil
+}
+
+func (ix *indexDir) openBleve() (bleve.Index, error) {
+	return bleve.OpenUsing(filepath.Join(ix.path, indexSub), map[string]any{"bolt_timeout": "1s"})
+}
+
+// use runs f on the open index, holding it open until f returns. An index
+// whose reopen after a failed batch failed too is opened again first, so a
+// disk that has room again serves searches without waiting for a write.
+func (ix *indexDir) use(f func(bleve.Index) error) error {
+	for {
+		ix.mu.RLock()
+		if idx := ix.idx; idx != nil {
+			defer ix.mu.RUnlock()
+			return f(idx)
+		}
+		ix.mu.RUnlock()
+		if err := ix.reopen(nil); err != nil {
+			return err
+		}
+	}
+}
+
+// reopen closes the index and opens it again from its files, when it is
+// still failed (the index a batch failed on, or nil for none open).
+//
+// A batch bleve fails (a full disk, say) cannot be left in memory: bleve
+// makes its new segment live before persisting it, and on a failed persist
+// closes that segment while its live snapshot still holds it, so that every
+// later read of the field panics and the next persist would write from a
+// closed segment. Opening the index again drops what never reached the disk
+// and serves what did; the seqs of the failed batch stay written, which the
+// guard allows (see "Writes and the seq guard" in the package doc), and
+// the worker sends the batch again.
+func (ix *indexDir) reopen(failed bleve.Index) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.shut {
+		return fmt.Errorf("bleve: the index %s: %w", ix.name, ErrClosed)
+	}
+	if ix.idx != failed {
+		return nil // opened again already, by a search or an earlier call
+	}
+	if ix.idx != nil {
+		_ = ix.idx.Close() // what it did not persist is dropped either way
+		ix.idx = nil
+	}
+	idx, err := ix.openBleve()
+	if err != nil {
+		return fmt.Errorf("bleve: opening the index %s again after a failed write: %w", ix.name, err)
+	}
+	ix.idx = idx
+	return nil
 }
 
 func (ix *indexDir) openSeqs() error {
@@ -407,9 +465,13 @@ func (ix *indexDir) openSeqs() error {
 func (ix *indexDir) close(remove bool) error {
 	var err error
 	ix.once.Do(func() {
+		ix.mu.Lock()
+		idx := ix.idx
+		ix.idx, ix.shut = nil, true
+		ix.mu.Unlock()
 		var errs []error
-		if ix.idx != nil {
-			errs = append(errs, ix.idx.Close())
+		if idx != nil {
+			errs = append(errs, idx.Close())
 		}
 		if ix.seqs != nil {
 			errs = append(errs, ix.seqs.Close())

@@ -65,7 +65,11 @@ func (s *Searcher) Search(ctx context.Context, req *bleve.SearchRequest) (*bleve
 		return nil, err
 	}
 	defer s.r.put(ix)
-	res, err := ix.idx.SearchInContext(ctx, req)
+	var res *bleve.SearchResult
+	err = ix.use(func(idx bleve.Index) (err error) {
+		res, err = idx.SearchInContext(ctx, req)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("bleve: searching %s: %w", ix.name, err)
 	}
@@ -83,18 +87,26 @@ func (s *Searcher) Document(ctx context.Context, key feed.Key) (doc json.RawMess
 		return nil, false, err
 	}
 	defer s.r.put(ix)
-	d, err := ix.idx.Document(string(key))
+	found := false
+	err = ix.use(func(idx bleve.Index) error {
+		d, err := idx.Document(string(key))
+		if err != nil || d == nil {
+			return err
+		}
+		found = true
+		d.VisitFields(func(f index.Field) {
+			if f.Name() == SourceField {
+				doc = append(json.RawMessage(nil), f.Value()...)
+			}
+		})
+		return nil
+	})
 	if err != nil {
 		return nil, false, fmt.Errorf("bleve: reading %q from %s: %w", key, ix.name, err)
 	}
-	if d == nil {
+	if !found {
 		return nil, false, nil
 	}
-	d.VisitFields(func(f index.Field) {
-		if f.Name() == SourceField {
-			doc = append(json.RawMessage(nil), f.Value()...)
-		}
-	})
 	if doc == nil {
 		return nil, false, fmt.Errorf("bleve: %q in %s has no %s field; the index was not written by this sink", key, ix.name, SourceField)
 	}
@@ -139,7 +151,12 @@ func (s *Searcher) DocCount() (uint64, error) {
 		return 0, err
 	}
 	defer s.r.put(ix)
-	return ix.idx.DocCount()
+	var n uint64
+	err = ix.use(func(idx bleve.Index) (err error) {
+		n, err = idx.DocCount()
+		return err
+	})
+	return n, err
 }
 
 // Close releases the searcher; see Sink.Close. Safe to call more than once.

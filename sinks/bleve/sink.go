@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -219,7 +220,8 @@ func (t *resync) Abort(ctx context.Context) error {
 // the guard across a crash between the two: a seq stored for a document that
 // did not land only ever stops an older record, and the worker resends that
 // document with the same seq, which the guard lets through (equal is not
-// older).
+// older). A batch bleve fails leaves the index opened again from its files
+// (see indexDir.reopen) before the error is returned.
 func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) ([]feed.Rejection, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -227,6 +229,31 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 	if len(records) == 0 {
 		return nil, nil
 	}
+	var rejected []feed.Rejection
+	var failed bleve.Index
+	err := ix.use(func(idx bleve.Index) error {
+		var err error
+		var batchFailed bool
+		rejected, batchFailed, err = s.write(ix, idx, records)
+		if batchFailed {
+			failed = idx
+		}
+		return err
+	})
+	if failed != nil {
+		if rerr := ix.reopen(failed); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rejected, nil
+}
+
+// write is apply's work on idx, the open index of ix; batchFailed says the
+// error is bleve's failure of the batch itself.
+func (s *Sink) write(ix *indexDir, idx bleve.Index, records []feed.Record) (rejected []feed.Rejection, batchFailed bool, err error) {
 	floor := ix.floor
 	if ix.resync && floor == 0 {
 		floor = records[0].Seq
@@ -235,7 +262,7 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 		}
 	}
 	fresh := make([]bool, len(records))
-	err := ix.seqs.View(func(tx *bolt.Tx) error {
+	err = ix.seqs.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(seqsBucket)
 		for i, rec := range records {
 			v := b.Get([]byte(rec.Key))
@@ -244,11 +271,10 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("bleve: reading the seqs of %s: %w", ix.name, err)
+		return nil, false, fmt.Errorf("bleve: reading the seqs of %s: %w", ix.name, err)
 	}
-	var rejected []feed.Rejection
-	m := ix.idx.Mapping()
-	batch := ix.idx.NewBatch()
+	m := idx.Mapping()
+	batch := idx.NewBatch()
 	for i, rec := range records {
 		if !fresh[i] {
 			continue
@@ -270,7 +296,7 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 	}
 	setFloor := floor != ix.floor
 	if batch.Size() == 0 && !setFloor {
-		return rejected, nil
+		return rejected, false, nil
 	}
 	// bolt keeps each value Put is given, not a copy, until the
 	// transaction commits: every value needs bytes of its own, or every
@@ -293,16 +319,16 @@ func (s *Sink) apply(ctx context.Context, ix *indexDir, records []feed.Record) (
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("bleve: writing the seqs of %s: %w", ix.name, err)
+		return nil, false, fmt.Errorf("bleve: writing the seqs of %s: %w", ix.name, err)
 	}
 	ix.floor = floor
 	if batch.Size() == 0 {
-		return rejected, nil
+		return rejected, false, nil
 	}
-	if err := ix.idx.Batch(batch); err != nil {
-		return nil, fmt.Errorf("bleve: writing a batch to %s: %w", ix.name, err)
+	if err := idx.Batch(batch); err != nil {
+		return nil, true, fmt.Errorf("bleve: writing a batch to %s: %w", ix.name, err)
 	}
-	return rejected, nil
+	return rejected, false, nil
 }
 
 // document builds what bleve indexes for rec: the mapped fields of its JSON
