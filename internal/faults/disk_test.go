@@ -85,14 +85,25 @@ func TestDiskFull(t *testing.T) {
 		// Each failed call is followed by the recorder's probe of the
 		// index, which on a full disk can take seconds: a longer wait than
 		// the others'.
-		eventually(t, "both sinks failing: "+what, 90*time.Second, func() bool {
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			failing := true
 			for _, s := range w.runner.States() {
 				if s.LastError == nil || !errors.Is(s.LastError, want) {
-					return false
+					failing = false
 				}
 			}
-			return true
-		})
+			if failing {
+				break
+			}
+			if time.Now().After(deadline) {
+				for _, s := range w.runner.States() {
+					t.Logf("%s, %s: last error %v", what, s.ID.Sink, s.LastError)
+				}
+				t.Fatalf("both sinks failing: %s: not within 1m30s", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		for _, s := range w.runner.States() {
 			t.Logf("%s, %s: %v", what, s.ID.Sink, s.LastError)
 		}
