@@ -700,6 +700,14 @@ func (s *Store) captureDDL(c *capture) string {
     END IF;
 `, keyC, s.names.table("record"), feedLit, s.writeKey(c.spec.Feed))
 	}
+	// An INSERT … ON CONFLICT DO UPDATE fires the UPDATE statement trigger
+	// whether or not it updated a row, so every upsert that only inserted
+	// reaches it with empty transition tables; the probe for a row costs a
+	// fraction of the key query below it, which PostgreSQL otherwise starts
+	// for nothing (about 4 µs of the 30 the trigger added to a single-row
+	// upsert). The probe is a statement of its own: in one expression with
+	// the test of TG_OP, it would be planned for a DELETE, which has no new
+	// rows to name.
 	var b strings.Builder
 	fmt.Fprintf(&b, `-- Kairos capture of table %[1]s into feed %[2]s.
 CREATE OR REPLACE FUNCTION %[3]s() RETURNS trigger
@@ -708,6 +716,11 @@ DECLARE
     k text[];
     d jsonb[];
 BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF NOT EXISTS (SELECT FROM kairos_new) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
 %[14]s    IF TG_OP = 'INSERT' THEN
         SELECT array_agg(%[4]s), array_agg(%[5]s) INTO k, d FROM kairos_new AS r;
     ELSIF TG_OP = 'UPDATE' THEN
