@@ -37,5 +37,6 @@ func ExampleMigrations() {
 	// pgfeed 6 0006_write_result - "app"."outbox_migrations"
 	// pgfeed 7 0007_changes - "app"."outbox_migrations" "app"."outbox_changes"
 	// pgfeed 8 0008_switches - "app"."outbox_migrations" "app"."outbox_switches"
+	// pgfeed 9 0009_record - "app"."outbox_migrations"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

@@ -239,3 +239,45 @@ func TestKeyedSealerReadsAsTheCaptureOwner(t *testing.T) {
 	}
 	e.same(t, "sealed by another role", "t", e.want(t, table))
 }
+
+// TestKeyedRecordRefusesKeys: the trigger's record refuses what the feed
+// refuses (an empty key, one over 512 bytes; a NULL key cannot come from
+// a primary key) with the feed's message, leaving nothing recorded, in
+// every mode a keyed capture writes in. It looks for such a key only when
+// the whole array might hold one, so the test also writes one statement of
+// many short keys, together far over 512 bytes, that must be taken whole,
+// and one that hides a bad key among good ones.
+func TestKeyedRecordRefusesKeys(t *testing.T) {
+	t.Parallel()
+	for _, mode := range writeModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newCapEnv(t, `CREATE TABLE %[1]s.k (k text PRIMARY KEY, v int NOT NULL)`)
+			e.concurrent = mode == feed.WriteConcurrent
+			ctx := t.Context()
+			if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: "k", Schema: e.d.schema, Table: "k"}); err != nil {
+				t.Fatal(err)
+			}
+			e.inMode(t, "k")
+			for _, c := range []struct{ name, values, want string }{
+				{"an empty key", `(''::text, 1)`, "key is empty"},
+				{"a 600-byte key", `(repeat('k', 600), 1)`, "more than the 512 allowed"},
+				{"an empty key among 200 others", `('', 1), ` + strings.TrimSuffix(strings.Repeat("(md5(random()::text), 1), ", 200), ", "), "key is empty"},
+				{"a long key among 200 others", strings.Repeat("(md5(random()::text), 1), ", 200) + `(repeat('x', 513), 1)`, "more than the 512 allowed"},
+			} {
+				_, err := e.d.pool.Exec(ctx, `INSERT INTO `+e.q("k")+` VALUES `+c.values)
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("an insert of %s = %v; want the feed's refusal saying %q", c.name, err, c.want)
+				}
+			}
+			if n, _ := e.unsealed(t, "k"); n != 0 {
+				t.Fatalf("after the refused inserts %d writes wait; want none", n)
+			}
+			e.exec(t, `INSERT INTO `+e.q("k")+` SELECT 'key-' || i, i FROM generate_series(1, 300) AS i`)
+			if n, _ := e.unsealed(t, "k"); e.concurrent && n != 300 {
+				t.Fatalf("after an insert of 300 keys, far over 512 bytes in all, %d keys wait; want 300", n)
+			}
+			e.same(t, "300 keys in one statement", "k", e.want(t, `SELECT k, to_jsonb(r)::text FROM `+e.q("k")+` AS r`))
+		})
+	}
+}
