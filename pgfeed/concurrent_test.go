@@ -238,16 +238,27 @@ func TestConcurrentCommitOrder(t *testing.T) {
 		})
 	}
 
-	writeCtx, stopWriting := context.WithCancel(ctx)
+	// The writers stop between commits, never inside one: a statement
+	// cancelled under it can still commit on the server after the driver
+	// has returned, and a commit landing after the final check would
+	// change the table under it, unsealed.
+	stopping := make(chan struct{})
+	var writing sync.WaitGroup
 	for w := range 15 {
+		writing.Add(1)
 		run(func() error {
+			defer writing.Done()
 			r := rand.New(rand.NewPCG(uint64(w), 7))
-			for writeCtx.Err() == nil {
-				if err := commit(writeCtx, []string{fmt.Sprintf("k%02d", r.IntN(60))}, nil); err != nil && writeCtx.Err() == nil {
+			for {
+				select {
+				case <-stopping:
+					return nil
+				default:
+				}
+				if err := commit(ctx, []string{fmt.Sprintf("k%02d", r.IntN(60))}, nil); err != nil {
 					return err
 				}
 			}
-			return nil
 		})
 	}
 	// The slow writer, and the commit made while it is open.
@@ -348,7 +359,8 @@ func TestConcurrentCommitOrder(t *testing.T) {
 	}
 	// A little more traffic after the slow commit, then quiet.
 	time.Sleep(300 * time.Millisecond)
-	stopWriting()
+	close(stopping)
+	writing.Wait()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if time.Now().After(deadline) {
@@ -626,22 +638,29 @@ func TestSealerKilledMidRound(t *testing.T) {
 	var counter atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
-	writeCtx, stopWriting := context.WithCancel(ctx)
+	// The writers stop between commits (see TestConcurrentCommitOrder).
+	stopping := make(chan struct{})
+	stopWriting := sync.OnceFunc(func() { close(stopping) })
 	defer stopWriting()
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for writeCtx.Err() == nil {
+			for {
+				select {
+				case <-stopping:
+					return
+				default:
+				}
 				k, v := fmt.Sprintf("k%02d", (w*7+int(counter.Load()))%40), counter.Add(1)
-				err := pgx.BeginFunc(writeCtx, writers, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(writeCtx, `INSERT INTO `+app+` (key, v) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET v = excluded.v`, k, v); err != nil {
+				err := pgx.BeginFunc(ctx, writers, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO `+app+` (key, v) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET v = excluded.v`, k, v); err != nil {
 						return err
 					}
-					_, err := s.Write(writeCtx, tx, f, []feed.Change{feed.Put(feed.Key(k), []byte(fmt.Sprintf(`{"v": %d}`, v)))})
+					_, err := s.Write(ctx, tx, f, []feed.Change{feed.Put(feed.Key(k), []byte(fmt.Sprintf(`{"v": %d}`, v)))})
 					return err
 				})
-				if err != nil && writeCtx.Err() == nil {
+				if err != nil && ctx.Err() == nil {
 					errs <- err
 					return
 				}
