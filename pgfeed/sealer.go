@@ -240,16 +240,23 @@ type batcher interface {
 // says it has recorded changes (a probe's answers: a source it leaves out
 // waits for the next round), in one transaction. It returns how many
 // writes it took: unsealed rows sealed, and recorded keys read (sealed or
-// found unchanged). Sent as one batch
-// where db can (a pool, a connection), that is one round trip and one
-// commit: a batch outside a transaction runs as one implicit transaction,
-// and each of its statements still takes its own snapshot in READ
-// COMMITTED, so the seals' snapshots are taken after the lock was granted.
+// found unchanged). Sent as one batch where db can (a pool, a
+// connection), that is one round trip and one commit: a batch outside a
+// transaction runs as one implicit transaction, which its first statement
+// puts in READ COMMITTED whatever the session's default, so that each
+// statement takes its own snapshot and the seals' are taken after the lock
+// was granted. (In REPEATABLE READ, a round read the snapshot of its
+// first statement, taken before the lock, and failed with 40001 when a
+// writer had rewritten an unsealed row since; the sealer then paused.)
 func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorded bool) (int, error) {
 	if b, ok := s.db.(batcher); ok {
 		if _, inTx := s.db.(pgx.Tx); !inTx {
 			var n, keys, sealed, notified int64
 			batch := &pgx.Batch{}
+			// The batch's implicit transaction starts at the session's
+			// default isolation; its first statement sets READ COMMITTED,
+			// which a batch may, before any snapshot is taken.
+			batch.Queue(`SET TRANSACTION ISOLATION LEVEL READ COMMITTED`)
 			batch.Queue(s.sql.sealLock, string(f))
 			if pending {
 				batch.Queue(s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
@@ -268,7 +275,7 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorde
 		}
 	}
 	var n int64
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
 		var err error
 		n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit))
 		return err

@@ -187,7 +187,7 @@ func (s *Store) RetryParked(ctx context.Context, id feed.SinkID, key feed.Key) (
 	if err := key.Validate(); err != nil {
 		return false, err
 	}
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
 		// No generations row means the feed was never written: it has no
 		// row to restamp, and nothing to lock against.
 		if _, err := tx.Exec(ctx, s.sql.sealLock, string(id.Feed)); err != nil {
