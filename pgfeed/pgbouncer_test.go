@@ -107,7 +107,8 @@ func TestAdvisoryRefusesPooler(t *testing.T) {
 	}
 }
 
-// recorder keeps the messages logged at warning level or above.
+// recorder keeps the messages logged at warning level or above, each
+// followed by its attributes as key=value.
 type recorder struct {
 	mu   sync.Mutex
 	msgs []string
@@ -115,13 +116,21 @@ type recorder struct {
 
 func (r *recorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
 func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	line := rec.Message
+	rec.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
+	r.msgs = append(r.msgs, line)
 	return nil
 }
 func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r *recorder) WithGroup(string) slog.Handler      { return r }
+
+func (r *recorder) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.msgs...)
+}
 
 func (r *recorder) has(sub string) bool {
 	r.mu.Lock()

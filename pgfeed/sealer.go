@@ -184,6 +184,10 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 	return nil
 }
 
+// setReadCommitted puts the transaction it runs in into READ COMMITTED; it
+// must come before any statement that takes a snapshot.
+const setReadCommitted = `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`
+
 // readCommitted runs fn in a transaction of its own in READ COMMITTED,
 // whatever the session's default isolation level (a role or a database
 // may set default_transaction_isolation), as Backfill runs its batches:
@@ -199,7 +203,7 @@ func (s *Store) readCommitted(ctx context.Context, fn func(pgx.Tx) error) error 
 		return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
 	}
 	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`); err != nil {
+		if _, err := tx.Exec(ctx, setReadCommitted); err != nil {
 			return err
 		}
 		return fn(tx)
@@ -256,7 +260,7 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorde
 			// The batch's implicit transaction starts at the session's
 			// default isolation; its first statement sets READ COMMITTED,
 			// which a batch may, before any snapshot is taken.
-			batch.Queue(`SET TRANSACTION ISOLATION LEVEL READ COMMITTED`)
+			batch.Queue(setReadCommitted)
 			batch.Queue(s.sql.sealLock, string(f))
 			if pending {
 				batch.Queue(s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
