@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +61,15 @@ import (
 //   - K backfill new generation: the Backfill of the same table as a new
 //     generation of the first feed (the table-shaped rebuild: one
 //     transaction, plain inserts of sealed rows), against the same scan.
+//   - K backfill rebuild: the same, while the feed holds the whole table
+//     already (the reset deletes every row before the copy writes them
+//     again), as a rebuild of a mirrored table finds it; the row above
+//     starts from an empty feed.
+//   - K backfill floor parallel: the floor's copy split by id between two
+//     connections running at once. One backend's copy into the feed's
+//     shape cannot reach the target; this row says what a copy shared by
+//     backends reaches on the same machine, the figure a redesign of the
+//     rebuild would be judged by.
 func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 	sz := e.sizes
 	admin, err := e.pool(ctx, int32(sz.Writers)+2, nil)
@@ -66,7 +77,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	var upd, updBase, updFloor, updSame, updSameBase, updC, updCSealed, wr, wrBase, wc, wcBase, bf, bfBase, bfFloor, bfc, bfg []float64
+	var upd, updBase, updFloor, updSame, updSameBase, updC, updCSealed, wr, wrBase, wc, wcBase, bf, bfBase, bfFloor, bfFloor2, bfc, bfg, bfRebuild []float64
 	for r := range sz.Runs {
 		if err := func() error {
 			s, err := e.newSchema(ctx, admin)
@@ -101,6 +112,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 				return err
 			}
 			bf, bfBase, bfFloor, bfc, bfg = append(bf, k.locked), append(bfBase, k.scan), append(bfFloor, k.floor), append(bfc, k.concurrent), append(bfg, k.fresh)
+			bfFloor2, bfRebuild = append(bfFloor2, k.floorParallel), append(bfRebuild, k.rebuild)
 			return nil
 		}(); err != nil {
 			return nil, err
@@ -129,6 +141,10 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 			"rows/s", bfc, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 		newRow("K backfill new generation", "backfill of the same table as a new generation of the locked-mode feed (the table-shaped rebuild: one transaction, plain inserts of sealed rows); baseline: the same scan",
 			"rows/s", bfg, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
+		newRow("K backfill rebuild", "the same new-generation backfill of the feed while it holds the whole table already (the reset deletes its rows first), as a rebuild finds it; baseline: the same scan",
+			"rows/s", bfRebuild, bfBase, "figure/baseline", div, "", nil),
+		newRow("K backfill floor parallel", "the floor's copy shared by two connections at once, each copying half the ids (what a copy split across backends reaches on this machine; no backfill does it yet); baseline: the same scan",
+			"rows/s", bfFloor2, bfBase, "figure/baseline", div, "", nil),
 	}, nil
 }
 
@@ -314,7 +330,9 @@ func (e *env) captureWriters(ctx context.Context, admin *pgxpool.Pool, s *schema
 }
 
 // backfillRates are K backfill's sides, rows per second.
-type backfillRates struct{ locked, scan, floor, concurrent, fresh float64 }
+type backfillRates struct {
+	locked, scan, floor, concurrent, fresh, floorParallel, rebuild float64
+}
 
 func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schema, st *pgfeed.Store, run int) (backfillRates, error) {
 	sz := e.sizes
@@ -411,50 +429,97 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 		}
 		return float64(n) / time.Since(start).Seconds(), nil
 	}
-	floor := func() (float64, error) {
-		if err := empty(floorT, "k"); err != nil {
-			return 0, err
-		}
-		start := time.Now()
+	// copyRange copies the rows with ids in (after, upTo] into the floor
+	// table, a keyset batch per statement, and says how many it copied.
+	copyRange := func(after, upTo int32) (int64, error) {
 		var n int64
-		after := int32(0)
 		for {
 			var got int64
 			var last *int32
 			err := admin.QueryRow(ctx, `WITH b AS MATERIALIZED (
-	SELECT r.id, r.id::text AS key, to_jsonb(r) AS doc FROM `+t+` AS r WHERE r.id > $1::int ORDER BY r.id LIMIT $2::int
+	SELECT r.id, r.id::text AS key, to_jsonb(r) AS doc FROM `+t+` AS r WHERE r.id > $1::int AND r.id <= $3::int ORDER BY r.id LIMIT $2::int
 ), w AS (
 	INSERT INTO `+floorT+` (feed, key, seq, doc) SELECT 'k', b.key, b.id, b.doc FROM b
 )
-SELECT count(*), max(b.id) FROM b`, after, batch).Scan(&got, &last)
+SELECT count(*), max(b.id) FROM b`, after, batch, upTo).Scan(&got, &last)
 			if err != nil {
 				return 0, err
 			}
 			n += got
 			if got < int64(batch) {
-				break
+				return n, nil
 			}
 			after = *last
 		}
+	}
+	floor := func() (float64, error) {
+		if err := empty(floorT, "k"); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		n, err := copyRange(0, math.MaxInt32)
+		if err != nil {
+			return 0, err
+		}
 		return float64(n) / time.Since(start).Seconds(), nil
 	}
+	// floorParallel is floor shared by two connections, each copying half
+	// the ids at the same time.
+	floorParallel := func() (float64, error) {
+		if err := empty(floorT, "k"); err != nil {
+			return 0, err
+		}
+		half := int32(sz.BackfillRows / 2)
+		start := time.Now()
+		var wg sync.WaitGroup
+		var n [2]int64
+		var errs [2]error
+		for i, r := range [2][2]int32{{0, half}, {half, math.MaxInt32}} {
+			wg.Go(func() { n[i], errs[i] = copyRange(r[0], r[1]) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs[:]...); err != nil {
+			return 0, err
+		}
+		return float64(n[0]+n[1]) / time.Since(start).Seconds(), nil
+	}
+	// rebuild is the new-generation backfill of the first feed while it
+	// holds the whole table already, as a rebuild finds it: the reset
+	// deletes every row before the copy writes them again. The filling
+	// backfill before it is not timed.
+	rebuild := func() (float64, error) {
+		if _, err := backfill("k_bf", true); err != nil {
+			return 0, err
+		}
+		if _, err := admin.Exec(ctx, `VACUUM `+s.table("rows")); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: "k_bf", NewGeneration: true, Progress: func(pgfeed.BackfillProgress) {}})
+		if err != nil {
+			return 0, err
+		}
+		return float64(res.Rows) / time.Since(start).Seconds(), nil
+	}
 	// The order rotates from run to run.
-	sides := [5]func() (float64, error){
+	sides := [7]func() (float64, error){
 		func() (float64, error) { return backfill("k_bf", false) },
 		scan,
 		floor,
 		func() (float64, error) { return backfill("k_bfc", false) },
 		func() (float64, error) { return backfill("k_bf", true) },
+		floorParallel,
+		rebuild,
 	}
-	var out [5]float64
-	for j := range 5 {
-		k := (j + run) % 5
+	var out [7]float64
+	for j := range len(sides) {
+		k := (j + run) % len(sides)
 		var err error
 		if out[k], err = sides[k](); err != nil {
 			return backfillRates{}, err
 		}
 	}
-	return backfillRates{out[0], out[1], out[2], out[3], out[4]}, nil
+	return backfillRates{out[0], out[1], out[2], out[3], out[4], out[5], out[6]}, nil
 }
 
 // fillTable creates table t with rows 1..n of about 170 bytes each.
