@@ -40,10 +40,9 @@ type CaptureSpec struct {
 	// types must print the same text in every session (integers, numeric,
 	// text types, uuid, boolean, enums, and domains over them). The key is
 	// one column's text, or, for several, each column's text with "%" written
-	// "%25" and "/" written "%2F", joined by "/" (SplitKey undoes it). A
-	// row whose key columns hold a NULL fails the writer's statement, as a
-	// key the feed refuses does (see the package doc's # Capture).
-	// Defaults to the primary key's columns.
+	// "%25" and "/" written "%2F", joined by "/" (SplitKey undoes it). Each
+	// column must be NOT NULL, as a primary key's are: a row with NULL in
+	// one would have no key. Defaults to the primary key's columns.
 	Key []string
 	// Include names the columns the document keeps; Exclude the columns it
 	// drops. At most one of the two, and neither with Document. Defaults to
@@ -52,7 +51,8 @@ type CaptureSpec struct {
 	// Document is a SQL expression over the row, named r, whose value (cast
 	// to jsonb) is the row's document, for example
 	// `jsonb_build_object('name', r.name, 'price', r.price_cents / 100.0)`.
-	// It is the caller's own SQL and runs in the writer's transaction: it is
+	// It is the caller's own SQL and runs in the writer's transaction, as
+	// the role that ran Capture (see the package doc's # Capture): it is
 	// checked once by preparing it against the table, with search_path set
 	// to pg_catalog only, as it runs in the trigger, so functions of other
 	// schemas must be qualified. A NULL value makes the row a tombstone (the
@@ -341,6 +341,14 @@ GROUP BY i.indexrelid`, c.relid)
 		if !col.enum && !slices.Contains(keyTypes, col.base) {
 			return nil, feed.Invalid(fmt.Sprintf("spec.key[%d]", i), "names column %q of type %s, whose text depends on session settings or is not a key type; key on integers, numeric, text, uuid, boolean or enum columns (a generated column can hold one)", name, col.typ)
 		}
+		// Refused here rather than left to the trigger, whose refusal of a
+		// NULL key would come at some later write and name neither the
+		// column nor the row. A unique index lets any number of rows hold
+		// NULL; a primary key's columns never do, so this only ever
+		// refuses a chosen key.
+		if !col.notNull {
+			return nil, feed.Invalid(fmt.Sprintf("spec.key[%d]", i), "names column %q of table %s, which may hold NULL, and a row with NULL there would have no key; make the column NOT NULL, or key the capture by other columns", name, c.table)
+		}
 		c.key = append(c.key, col)
 	}
 
@@ -621,8 +629,7 @@ func (n names) table(t string) string {
 // the partitions' OIDs in a transaction-local setting, under which their
 // triggers write nothing (the reset empties the feed anyway), and the last
 // clears it, so that a later TRUNCATE of a partition in the same
-// transaction tombstones again. A plain table's SQL is the same as before
-// partitioned tables were supported, so its installed version stays.
+// transaction tombstones again. A plain table's SQL has none of these parts.
 func (s *Store) captureDDL(c *capture) string {
 	feedLit, chanLit := quoteLiteral(string(c.spec.Feed)), quoteLiteral(s.names.channel)
 	// Keys are compared as the feed compares them, byte by byte: under the
@@ -708,10 +715,24 @@ func (s *Store) captureDDL(c *capture) string {
 	// upsert). The probe is a statement of its own: in one expression with
 	// the test of TG_OP, it would be planned for a DELETE, which has no new
 	// rows to name.
+	//
+	// The function runs as its owner, the role that ran Capture, so that
+	// the table's writers need no right on the feed's schema, tables or
+	// functions. That lends a writer nothing it could turn elsewhere:
+	// PostgreSQL calls a trigger function only as a trigger, so all a
+	// writer can make it do is write the change its own statement made to
+	// the table into the one feed its body names; the document expression
+	// in the body is SQL of the owner's own; and search_path pinned to
+	// pg_catalog, then pg_temp, with every other name in the body
+	// qualified, leaves no object a writer creates to stand in for one it
+	// names. The owner could create triggers on the table, and writes the
+	// feed anyway. Firing a trigger checks no EXECUTE right (CREATE TRIGGER
+	// checks its creator's), so EXECUTE is revoked from PUBLIC at no cost
+	// to the writers.
 	var b strings.Builder
 	fmt.Fprintf(&b, `-- Kairos capture of table %[1]s into feed %[2]s.
 CREATE OR REPLACE FUNCTION %[3]s() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $kairos$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $kairos$
 DECLARE
     k text[];
     d jsonb[];
@@ -738,6 +759,7 @@ BEGIN
     RETURN NULL;
 END
 $kairos$;
+REVOKE ALL ON FUNCTION %[3]s() FROM PUBLIC;
 `, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed), keyed)
 	{
 		// The document of each recorded key, as the table has it in the

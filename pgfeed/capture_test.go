@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/pgtest"
@@ -547,7 +548,7 @@ func captureUpdateWritesOnlyChanges(t *testing.T, e capEnv) {
 func TestCaptureBadInput(t *testing.T) {
 	t.Parallel()
 	e := newCapEnv(t, `CREATE TABLE %[1]s.nopk (a int, b text);
-		CREATE TABLE %[1]s.t (id int PRIMARY KEY, code text NOT NULL UNIQUE, at timestamptz UNIQUE, n int);
+		CREATE TABLE %[1]s.t (id int PRIMARY KEY, code text NOT NULL UNIQUE, at timestamptz UNIQUE, n int, nick text UNIQUE);
 		CREATE VIEW %[1]s.v AS SELECT 1 AS id`)
 	ctx := t.Context()
 	s := e.d.schema
@@ -568,6 +569,8 @@ func TestCaptureBadInput(t *testing.T) {
 		{"no table", pgfeed.CaptureSpec{Feed: "f", Schema: s}, "spec.table", "empty"},
 		{"key not unique", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Key: []string{"n"}}, "spec.key", "no unique index"},
 		{"key of a session-dependent type", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Key: []string{"at"}}, "spec.key[0]", "timestamp with time zone"},
+		{"nullable key column", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Key: []string{"nick"}}, "spec.key[0]", `column "nick" of table "` + s + `"."t", which may hold NULL`},
+		{"nullable column of a composite key", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Key: []string{"id", "nick"}}, "spec.key[1]", `column "nick" of table "` + s + `"."t", which may hold NULL`},
 		{"include and exclude", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Include: []string{"id"}, Exclude: []string{"n"}}, "spec.include", "both"},
 		{"document with include", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Include: []string{"id"}, Document: "to_jsonb(r)"}, "spec.document", "include"},
 		{"document that does not parse", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Document: "to_jsonb(r"}, "spec.document", "syntax"},
@@ -587,13 +590,15 @@ func TestCaptureBadInput(t *testing.T) {
 			}
 		})
 	}
-	var triggers, captures int
+	var triggers, captures, functions int
 	if err := e.d.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid IN ($1::regclass, $2::regclass) AND NOT tgisinternal),
-		(SELECT count(*) FROM `+e.q("feed_captures")+`)`, e.q("nopk"), e.q("t")).Scan(&triggers, &captures); err != nil {
+		(SELECT count(*) FROM `+e.q("feed_captures")+`),
+		(SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $3 AND p.proname ~ '^feed_[cd][0-9a-f]{10}$')`,
+		e.q("nopk"), e.q("t"), s).Scan(&triggers, &captures, &functions); err != nil {
 		t.Fatal(err)
 	}
-	if triggers != 0 || captures != 0 {
-		t.Fatalf("refused specs left %d triggers and %d captures", triggers, captures)
+	if triggers != 0 || captures != 0 || functions != 0 {
+		t.Fatalf("refused specs left %d triggers, %d captures and %d capture functions", triggers, captures, functions)
 	}
 }
 
@@ -714,6 +719,88 @@ func TestCaptureSQL(t *testing.T) {
 	}
 	e.exec(t, `INSERT INTO `+e.q("t")+` VALUES (1, 'x')`)
 	e.same(t, "script", "t", map[string]string{"1": `{"a": "x", "id": 1}`})
+}
+
+// TestCaptureWriterNeedsNoFeedRights: a role that may write the captured
+// table and nothing more (USAGE on the table's schema, which is not the
+// feed's, and the table's own rights) is captured by every kind of write,
+// in both write modes, the concurrent one with a sealer running. The
+// trigger function runs as the role that ran Capture; run as the writer,
+// it fails the writer's first statement with "permission denied for
+// schema". The writer holds no EXECUTE on the function either, which
+// firing a trigger does not ask for.
+func TestCaptureWriterNeedsNoFeedRights(t *testing.T) {
+	t.Parallel()
+	for _, mode := range writeModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			app := pgtest.Schema(t)
+			d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+			e := capEnv{d: d, s: newStore(t, d, pgfeed.Options{}), concurrent: mode == feed.WriteConcurrent}
+			ctx := t.Context()
+			items := `"` + app + `".items`
+			e.exec(t, `CREATE SCHEMA "`+app+`"; CREATE TABLE `+items+` (id int PRIMARY KEY, name text NOT NULL)`)
+			// Roles belong to the cluster: one of the test's own name,
+			// dropped after the pool that logs in as it is closed.
+			role := "kairos_w_" + strings.TrimPrefix(app, "t_")
+			e.exec(t, `CREATE ROLE `+role+` LOGIN`)
+			t.Cleanup(func() {
+				c := context.Background()
+				_, _ = e.d.pool.Exec(c, `DROP OWNED BY `+role)
+				_, _ = e.d.pool.Exec(c, `DROP ROLE `+role)
+			})
+			e.exec(t, `GRANT USAGE ON SCHEMA "`+app+`" TO `+role)
+			e.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON `+items+` TO `+role)
+			writer := pgtest.PoolWith(t, pgtest.URL(), func(cfg *pgxpool.Config) { cfg.ConnConfig.User = role })
+
+			const f = feed.FeedName("items")
+			e.inMode(t, f)
+			if _, err := e.s.Capture(ctx, pgfeed.CaptureSpec{Feed: f, Schema: app, Table: "items"}); err != nil {
+				t.Fatal(err)
+			}
+			if e.concurrent {
+				sealCtx, stopSealer := context.WithCancel(ctx)
+				sealed := make(chan error, 1)
+				go func() { sealed <- e.s.RunSealer(sealCtx, f) }()
+				t.Cleanup(func() { stopSealer(); <-sealed })
+			}
+			// The premise: the writer can reach nothing of the feed's.
+			if _, err := writer.Exec(ctx, `SELECT FROM "`+d.schema+`".feed_rows`); err == nil || !strings.Contains(err.Error(), "permission denied for schema") {
+				t.Fatalf("the writer's read of the feed's rows = %v; want permission denied for the feed's schema", err)
+			}
+			var mayExecute bool
+			if err := e.d.pool.QueryRow(ctx, `SELECT has_function_privilege($1, p.oid, 'EXECUTE') FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+				WHERE n.nspname = $2 AND p.proname LIKE 'feed\_c%'`, role, d.schema).Scan(&mayExecute); err != nil {
+				t.Fatal(err)
+			}
+			if mayExecute {
+				t.Fatal("the writer may execute the trigger function; EXECUTE should be revoked from PUBLIC")
+			}
+
+			table := `SELECT id::text, to_jsonb(r)::text FROM ` + items + ` AS r`
+			step := func(name, sql string) {
+				t.Helper()
+				if _, err := writer.Exec(ctx, sql); err != nil {
+					t.Fatalf("%s, as the writer: %v", name, err)
+				}
+				e.same(t, name, f, e.want(t, table))
+			}
+			step("insert", `INSERT INTO `+items+` VALUES (1, 'one'), (2, 'two'), (3, 'three')`)
+			step("update", `UPDATE `+items+` SET name = name || '!' WHERE id <= 2`)
+			step("update of a key", `UPDATE `+items+` SET id = 30 WHERE id = 3`)
+			if got := e.tombstones(t, f); !slices.Equal(got, []string{"3"}) {
+				t.Fatalf("after the key's update the tombstones are %q; want [3]", got)
+			}
+			step("upsert", `INSERT INTO `+items+` VALUES (1, 'uno'), (4, 'four') ON CONFLICT (id) DO UPDATE SET name = excluded.name`)
+			step("delete", `DELETE FROM `+items+` WHERE id = 2`)
+			g, _ := e.head(t, f)
+			step("truncate", `TRUNCATE `+items)
+			if g2, _ := e.head(t, f); g2 != g+1 || len(e.feedRows(t, f)) != 0 {
+				t.Fatalf("after the truncate the feed is at generation %d with %d rows; want generation %d, empty", g2, len(e.feedRows(t, f)), g+1)
+			}
+			step("insert after the truncate", `INSERT INTO `+items+` VALUES (5, 'five')`)
+		})
+	}
 }
 
 // TestCaptureCommitOrder is guarantee 2 for captured writes: eight plain-SQL

@@ -304,13 +304,15 @@
 // table to say which keys went anyway.
 //
 // What the trigger cannot make a valid change fails the writer's statement
-// with SQLSTATE 22023, as Write refuses it: a NULL, empty or over-long key,
-// or a document that is JSON null. A document from to_jsonb is always one
-// PostgreSQL stores (text cannot hold NUL, so no \u0000 appears; NaN and
-// infinities become strings), and a key's text is valid UTF-8 in a UTF8
-// database, the only kind Capture accepts. Key columns must have a type
-// whose text no session setting changes (CaptureSpec.Key lists them), so
-// every writer makes the same key of the same row.
+// with SQLSTATE 22023, as Write refuses it: an empty or over-long key, a
+// NULL one (Capture refuses nullable key columns, so only a key column whose
+// NOT NULL was dropped since gives one), or a document that is JSON null. A
+// document from to_jsonb is always one PostgreSQL stores (text cannot hold
+// NUL, so no \u0000 appears; NaN and infinities become strings), and a key's
+// text is valid UTF-8 in a UTF8 database, the only kind Capture accepts. Key
+// columns must have a type whose text no session setting changes
+// (CaptureSpec.Key lists them), so every writer makes the same key of the
+// same row.
 //
 // The cost is the trigger's work and, in the locked mode, the feed lock:
 // captured writers of one feed serialise from their first captured statement
@@ -319,11 +321,14 @@
 // other (BENCHMARKS.md, group K, has both). Writes made with triggers
 // disabled (session_replication_role = replica, as pg_restore and logical
 // replication apply do) are not captured; a Backfill afterwards repairs the
-// feed. The roles that write the table need the rights Write needs on the
-// feed's tables and EXECUTE on the functions. Capture, Uncapture and their
-// SQL (CaptureSQL) serialise on an advisory transaction lock of the schema
-// and prefix; a repeated Capture finds the same version installed and
-// changes nothing.
+// feed. The trigger function runs as its owner, the role that ran Capture
+// (SECURITY DEFINER, EXECUTE revoked from PUBLIC; its comment says why that
+// lends a writer nothing), so the roles that write the table need only their
+// rights on the table: none on the feed's schema, tables or functions. The
+// document expression, and a partition's TRUNCATE trigger's read of its
+// rows, run as that role too. Capture, Uncapture and their SQL (CaptureSQL)
+// serialise on an advisory transaction lock of the schema and prefix; a
+// repeated Capture finds the same version installed and changes nothing.
 //
 // # Keyed capture
 //
@@ -421,8 +426,9 @@
 // already holds anyway.
 //
 // Known limits. A partition's TRUNCATE trigger reads the rows it tombstones
-// as the truncating role: under row-level security it tombstones only the
-// rows that role can see. The setting that holds the partitions' triggers
+// as the role that ran Capture: under row-level security that applies to
+// it (FORCE ROW LEVEL SECURITY, for the table's owner) it tombstones only
+// the rows that role can see. The setting that holds the partitions' triggers
 // back belongs to the session, so a writer could set it itself and TRUNCATE
 // a partition without its tombstones (as one could disable the triggers
 // outright, with the rights to). A TRUNCATE that names a partition before its
