@@ -23,6 +23,54 @@ func invalidAsUsage(err error) error {
 	return err
 }
 
+// captureFields are the names pgfeed's errors give the fields of a
+// CaptureSpec and BackfillOptions, and what the operator typed for each.
+var captureFields = []struct{ field, arg string }{
+	{"spec.feed", "FEED"}, {"spec.schema", "SCHEMA (of [SCHEMA.]TABLE)"}, {"spec.table", "TABLE"},
+	{"spec.key", "--key"}, {"spec.include", "--include"}, {"spec.exclude", "--exclude"},
+	{"spec.document", "--document"}, {"options.feed", "FEED"}, {"options.batch_size", "--batch"},
+}
+
+// inFlags restates an error pgfeed returned for a capture or a backfill in
+// the command's terms: the argument or flag for the field, and the command
+// for the Go call its advice names. Other errors pass unchanged. It runs
+// before redactErr, which keeps the type it finds.
+func inFlags(err error) error {
+	inv, ok := err.(*feed.InvalidError)
+	if !ok {
+		return err
+	}
+	out := *inv
+	for _, f := range captureFields {
+		if out.Field == f.field || strings.HasPrefix(out.Field, f.field+"[") {
+			out.Field = f.arg + strings.TrimPrefix(out.Field, f.field)
+			break
+		}
+	}
+	for _, r := range [][2]string{{"and spec.exclude", "and --exclude"}, {"run Capture again", "run kairos capture add again"},
+		{"run Capture first", "run kairos capture add first"}, {"with NewGeneration", "with --new-generation"}} {
+		out.Reason = strings.ReplaceAll(out.Reason, r[0], r[1])
+	}
+	return &out
+}
+
+// parseTable splits the [SCHEMA.]TABLE argument. Names are the catalog's
+// own spelling, so SQL's quotes would become part of the name: they are
+// refused with the spelling to use instead.
+func parseTable(arg string) (schema, table string, err error) {
+	if strings.Contains(arg, `"`) {
+		return "", "", usagef("TABLE %q: give the names as the catalog spells them, without SQL quotes (say app.Order Items for \"app\".\"Order Items\"); kairos quotes them itself", arg)
+	}
+	schema, table, ok := strings.Cut(arg, ".")
+	if !ok {
+		return "", arg, nil
+	}
+	if schema == "" || table == "" {
+		return "", "", usagef("TABLE %q: the schema and the table must both be named, as SCHEMA.TABLE (or TABLE alone, in schema public)", arg)
+	}
+	return schema, table, nil
+}
+
 func (c *cli) captureCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "capture",
@@ -32,7 +80,7 @@ func (c *cli) captureCmd() *cobra.Command {
 	}
 	var key, include, exclude []string
 	var document string
-	var printSQL bool
+	var printSQL, move bool
 	add := &cobra.Command{
 		Use:   "add FEED [SCHEMA.]TABLE",
 		Short: "Install (or bring up to date) the triggers that write TABLE's changes into FEED",
@@ -42,14 +90,23 @@ the feed to a new generation on TRUNCATE (see pgfeed's Capture). It is
 idempotent: the same spec again changes nothing. The table's schema defaults
 to public; names are the catalog's own spelling and are quoted. Rows already
 in the table are not copied: run kairos backfill. --print prints the SQL
-instead, for a migration tool of your own.`,
+instead, for a migration tool of your own.
+
+The table's writers need no rights on the feed's schema: the triggers write
+the feed as the role that ran add. A feed captures one table: naming a
+feed that captures another table is refused unless --move is given.`,
 		Args: exactArgs(2, "FEED [SCHEMA.]TABLE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			spec := pgfeed.CaptureSpec{Feed: feed.FeedName(args[0]), Table: args[1],
-				Key: key, Include: include, Exclude: exclude, Document: document}
-			if s, t, ok := strings.Cut(args[1], "."); ok {
-				spec.Schema, spec.Table = s, t
+			f := feed.FeedName(args[0])
+			if err := f.Validate(); err != nil {
+				return usageError{err}
 			}
+			schema, table, err := parseTable(args[1])
+			if err != nil {
+				return err
+			}
+			spec := pgfeed.CaptureSpec{Feed: f, Schema: schema, Table: table,
+				Key: key, Include: include, Exclude: exclude, Document: document}
 			cfg, st, closeStore, err := c.open(cmd.Context())
 			if err != nil {
 				return err
@@ -58,20 +115,49 @@ instead, for a migration tool of your own.`,
 			if printSQL {
 				sql, err := st.CaptureSQL(cmd.Context(), spec)
 				if err != nil {
-					return invalidAsUsage(redactErr(err, cfg.Database.URL))
+					return invalidAsUsage(redactErr(inFlags(err), cfg.Database.URL))
 				}
-				_, err = fmt.Fprint(c.stdout, sql)
+				_, err = fmt.Fprintf(c.stdout, "-- Run this as one transaction (psql --single-transaction), as the role\n-- that owns the feed's tables and may create triggers on %s.\n%s", args[1], sql)
 				return err
+			}
+			// Capture moves a feed whose capture names another table; the
+			// feed then holds both tables' rows until a rebuild, which an
+			// operator who mistyped a feed name would not expect.
+			caps, err := st.Captures(cmd.Context())
+			if err != nil {
+				return redactErr(err, cfg.Database.URL)
+			}
+			var from string
+			for _, ci := range caps {
+				if ci.Feed != f {
+					continue
+				}
+				wantSchema := schema
+				if wantSchema == "" {
+					wantSchema = "public"
+				}
+				if ci.Schema != wantSchema || ci.Table != table {
+					from = ci.Schema + "." + ci.Table
+				}
+			}
+			if from != "" && !move {
+				return usagef("feed %s captures table %s already; capturing %s instead would move the feed, which would then hold the rows of both tables until a rebuild (kairos backfill %s --new-generation). Pass --move to do that, or name another feed", f, from, args[1], f)
 			}
 			info, err := st.Capture(cmd.Context(), spec)
 			if err != nil {
-				return invalidAsUsage(redactErr(err, cfg.Database.URL))
+				return invalidAsUsage(redactErr(inFlags(err), cfg.Database.URL))
 			}
 			verb := "unchanged"
 			if info.Changed {
 				verb = "installed"
 			}
+			if from != "" {
+				verb = "moved from " + from
+			}
 			fmt.Fprintf(c.stdout, "%s: %s.%s -> feed %s, key %s, version %s\n", verb, info.Schema, info.Table, info.Feed, strings.Join(info.Key, ","), info.Version)
+			if from != "" {
+				fmt.Fprintf(c.stdout, "the feed still holds the rows of %s: run kairos backfill %s --new-generation to rebuild it from %s.%s alone\n", from, f, info.Schema, info.Table)
+			}
 			return nil
 		},
 	}
@@ -80,10 +166,14 @@ instead, for a migration tool of your own.`,
 	add.Flags().StringSliceVar(&exclude, "exclude", nil, "the columns the document drops")
 	add.Flags().StringVar(&document, "document", "", "a SQL expression over the row r giving its document (your own SQL)")
 	add.Flags().BoolVar(&printSQL, "print", false, "print the SQL instead of running it")
+	add.Flags().BoolVar(&move, "move", false, "let a feed that captures another table move to this one")
 	remove := &cobra.Command{
 		Use:   "remove FEED",
 		Short: "Remove FEED's capture triggers; the feed's rows stay",
-		Args:  exactArgs(1, "FEED"),
+		Long: `remove drops the triggers that write FEED from its table, and the capture's
+record; the feed's rows stay, and sinks keep what they have. It exits 1 when
+FEED captures no table, so a script notices a mistyped name.`,
+		Args: exactArgs(1, "FEED"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := feed.FeedName(args[0])
 			if err := f.Validate(); err != nil {
@@ -157,6 +247,9 @@ otherwise, for an alert.`,
 				}
 			}
 			if check && gaps > 0 {
+				if gaps == 1 {
+					return fmt.Errorf("1 of %d captures has a gap in its triggers", len(caps))
+				}
 				return fmt.Errorf("%d of %d captures have gaps in their triggers", gaps, len(caps))
 			}
 			return nil
@@ -177,9 +270,12 @@ func (c *cli) backfillCmd() *cobra.Command {
 batches in key order, each under the feed lock, so a writer's change always
 wins over the copy (see pgfeed's Backfill). In place (the default) it is
 resumable: run it again after a crash or ^C and it continues where the last
-batch committed. --new-generation copies into a new generation in one
-transaction instead: every sink refills and publishes, and the table's
-writers wait until it commits. Progress goes to stderr.`,
+batch committed. A backfill that finished starts over when run again: it
+copies every row anew, and each is a change every sink applies again.
+--new-generation copies into a new generation in one transaction instead:
+every sink refills and publishes, keys no longer in the table are gone from
+every sink, and the table's writers wait until it commits (a crash or ^C
+rolls it back). Progress goes to stderr.`,
 		Args: exactArgs(1, "FEED"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := feed.FeedName(args[0])
@@ -198,10 +294,21 @@ writers wait until it commits. Progress goes to stderr.`,
 						return
 					}
 					last = time.Now()
+					if p.Done {
+						fmt.Fprintf(c.stderr, "backfill %s: %d rows, %.0f rows/s, done\n", p.Feed, p.Rows, p.Rate)
+						return
+					}
 					fmt.Fprintf(c.stderr, "backfill %s: %d of about %d rows, %.0f rows/s, %v left\n", p.Feed, p.Rows, p.Total, p.Rate, p.ETA.Round(time.Second))
 				}})
 			if err != nil {
-				return invalidAsUsage(redactErr(err, cfg.Database.URL))
+				if cmd.Context().Err() != nil {
+					if generation {
+						fmt.Fprintf(c.stderr, "backfill %s: interrupted; the new generation rolled back and the feed is as it was\n", f)
+					} else {
+						fmt.Fprintf(c.stderr, "backfill %s: interrupted after %d rows; run kairos backfill %s again to resume\n", f, res.Rows, f)
+					}
+				}
+				return invalidAsUsage(redactErr(inFlags(err), cfg.Database.URL))
 			}
 			resumed := ""
 			if res.Resumed {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/goccy/go-yaml"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -157,6 +158,9 @@ the database's clock, as leases are.`,
 					if watch && cmd.Context().Err() != nil {
 						return nil
 					}
+					if name != "" && errors.Is(err, feed.ErrUnknownFeed) {
+						err = capturedHint(cmd.Context(), st, name, err)
+					}
 					return redactErr(err, cfg.Database.URL)
 				}
 				if watch && terminal {
@@ -221,12 +225,34 @@ func openStore(ctx context.Context, cfg *config.Config) (pgStore, func(), error)
 	st, err := pgfeed.New(ctx, pool, pgfeed.Options{Schema: cfg.Database.Schema, TablePrefix: cfg.Database.TablePrefix})
 	if err != nil {
 		pool.Close()
-		if errors.Is(err, pgfeed.ErrNotMigrated) {
-			return pgStore{}, nil, fmt.Errorf("%w (run kairos migrate)", err)
-		}
-		return pgStore{}, nil, redactErr(err, cfg.Database.URL)
+		return pgStore{}, nil, redactErr(connectErr(err), cfg.Database.URL)
 	}
 	return pgStore{Store: st, pool: pool}, func() { st.Close(); pool.Close() }, nil
+}
+
+// connectErr names the setting behind a failure to reach the database,
+// which pgfeed reports as an unreadable schema check; other errors pass.
+func connectErr(err error) error {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("database.url: %w", ce)
+	}
+	return err
+}
+
+// capturedHint adds to the unknown-feed error of a feed that a capture
+// writes but nothing has written yet (Capture copies no row) what to run.
+func capturedHint(ctx context.Context, st pgStore, name feed.FeedName, err error) error {
+	caps, cerr := st.Captures(ctx)
+	if cerr != nil {
+		return err
+	}
+	for _, ci := range caps {
+		if ci.Feed == name {
+			return fmt.Errorf("%w; it captures %s.%s, whose rows reach it with the first write or kairos backfill %s", err, ci.Schema, ci.Table, name)
+		}
+	}
+	return err
 }
 
 func describe(ctx context.Context, st pgStore, name feed.FeedName) ([]feedView, error) {

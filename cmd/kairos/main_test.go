@@ -192,6 +192,12 @@ func TestMigrateUnreachableRedacts(t *testing.T) {
 	if strings.Contains(stderr, pw) {
 		t.Fatalf("the error repeats the password: %s", stderr)
 	}
+	// A command that opens the feed store names the setting it could not
+	// reach with, rather than the schema check that found out.
+	code, _, stderr = kairos(t, "capture", "list", "-c", cfg)
+	if code != exitFailure || !strings.HasPrefix(stderr, "kairos: database.url: ") || strings.Contains(stderr, pw) {
+		t.Fatalf("capture list against a closed port = exit %d, %q; want %d naming database.url", code, stderr, exitFailure)
+	}
 	bad := writeConfig(t, "database:\n  url: \"postgres://app:"+pw+"@host:notaport/app\"\n")
 	code, _, stderr = kairos(t, "migrate", "-c", bad)
 	if code == exitOK || strings.Contains(stderr, pw) {

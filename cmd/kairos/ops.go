@@ -27,7 +27,11 @@ func sinkID(args []string) (feed.SinkID, error) {
 func exactArgs(n int, names string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
-			return usagef("%s takes %s, got %d arguments (see %s --help)", cmd.CommandPath(), names, len(args), cmd.CommandPath())
+			got := fmt.Sprintf("%d arguments", len(args))
+			if len(args) == 1 {
+				got = "1 argument"
+			}
+			return usagef("%s takes %s, got %s (see %s --help)", cmd.CommandPath(), names, got, cmd.CommandPath())
 		}
 		return nil
 	}

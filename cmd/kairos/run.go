@@ -169,9 +169,6 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 	}
 	st, err := pgfeed.New(ctx, pool, opts)
 	if err != nil {
-		if errors.Is(err, pgfeed.ErrNotMigrated) {
-			return fmt.Errorf("%w (run kairos migrate)", err)
-		}
 		var inv *feed.InvalidError
 		if errors.As(err, &inv) && inv.Field == "options.advisory_lock" {
 			// The file asked for advisory leases over a database URL
@@ -179,7 +176,7 @@ func daemon(ctx context.Context, cfg *config.Config, log *slog.Logger, do daemon
 			// so it exits as one.
 			return usageError{fmt.Errorf("lease.kind: advisory: %w", redactErr(err, cfg.Database.URL))}
 		}
-		return redactErr(err, cfg.Database.URL)
+		return redactErr(connectErr(err), cfg.Database.URL)
 	}
 	defer st.Close()
 
