@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -88,6 +89,26 @@ type CaptureInfo struct {
 	// still reach the feed. A Capture removes those triggers; Backfill
 	// refuses until then.
 	Stray []string
+	// Spec is the spec as given to the Capture that installed it (set by
+	// Captures), so an operator can run the same Capture again.
+	Spec CaptureSpec
+	// Backfill is the feed's last backfill, nil when none ran (set by
+	// Captures).
+	Backfill *BackfillState
+}
+
+// BackfillState is how far a feed's last backfill got.
+type BackfillState struct {
+	// Rows is how many rows it copied.
+	Rows int64
+	// Started is when it started, Updated when its last batch committed.
+	Started, Updated time.Time
+	// Finished is when it copied the last row; zero while it has not (it
+	// runs, or stopped, and resumes when run again).
+	Finished time.Time
+	// Current says it read the table with the capture as installed; a
+	// backfill after a Capture that changed the spec starts over.
+	Current bool
 }
 
 // keyTypes are the base types whose text output depends on no session
@@ -248,7 +269,7 @@ func (s *Store) resolveCapture(ctx context.Context, tx pgx.Tx, spec CaptureSpec)
 	case err != nil:
 		return nil, feed.Unreadable("reading the catalog", err)
 	case kind != "r" && kind != "p":
-		return nil, feed.Invalid("spec.table", "names %s, which is not a table (relkind %s)", c.table, kind)
+		return nil, feed.Invalid("spec.table", "names %s, which is %s, not a table", c.table, relkindName(kind))
 	}
 	if err := c.resolveTree(ctx, tx, kind, isPartition); err != nil {
 		return nil, err
@@ -1014,23 +1035,35 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 	return found, err
 }
 
-// Captures lists the installed captures, by feed. Key is the spec's as
-// given: empty for a capture keyed on the primary key. Changed is false.
+// Captures lists the installed captures, by feed, each with its spec and
+// its last backfill. Key is the spec's as given: empty for a capture keyed
+// on the primary key. Changed is false.
 // Uncovered and Stray are the gaps in each capture's triggers as they are
 // now: partitions created or attached since its Capture, triggers disabled
 // or dropped, tables detached that still carry them (a captured table that
 // no longer exists is uncovered). Any gap means the feed misses or gains
 // writes; Capture closes it.
 func (s *Store) Captures(ctx context.Context) ([]CaptureInfo, error) {
-	rows, err := s.db.Query(ctx, `SELECT feed, table_schema, table_name, spec, version FROM `+s.names.table("captures")+` ORDER BY feed`)
+	rows, err := s.db.Query(ctx, `SELECT c.feed, c.table_schema, c.table_name, c.spec, c.version,
+	b.rows, b.started_at, b.updated_at, b.finished_at, b.version = c.version
+FROM `+s.names.table("captures")+` AS c LEFT JOIN `+s.names.table("backfills")+` AS b ON b.feed = c.feed
+ORDER BY c.feed`)
 	if err != nil {
 		return nil, feed.Unreadable("reading the captures", err)
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (CaptureInfo, error) {
 		var ci CaptureInfo
-		var spec CaptureSpec
-		err := r.Scan(&ci.Feed, &ci.Schema, &ci.Table, &spec, &ci.Version)
-		ci.Key = spec.Key
+		var rows *int64
+		var started, updated, finished *time.Time
+		var current *bool
+		err := r.Scan(&ci.Feed, &ci.Schema, &ci.Table, &ci.Spec, &ci.Version, &rows, &started, &updated, &finished, &current)
+		ci.Key = ci.Spec.Key
+		if rows != nil && started != nil && updated != nil && current != nil {
+			ci.Backfill = &BackfillState{Rows: *rows, Started: *started, Updated: *updated, Current: *current}
+			if finished != nil {
+				ci.Backfill.Finished = *finished
+			}
+		}
 		return ci, err
 	})
 	if err != nil {
@@ -1044,6 +1077,27 @@ func (s *Store) Captures(ctx context.Context) ([]CaptureInfo, error) {
 		list[i].Uncovered, list[i].Stray = st.uncovered, st.strayTables
 	}
 	return list, nil
+}
+
+// relkindName says what a pg_class relkind other than a table is.
+func relkindName(kind string) string {
+	switch kind {
+	case "v":
+		return "a view"
+	case "m":
+		return "a materialized view"
+	case "f":
+		return "a foreign table"
+	case "i", "I":
+		return "an index"
+	case "S":
+		return "a sequence"
+	case "c":
+		return "a composite type"
+	case "t":
+		return "a TOAST table"
+	}
+	return "relkind " + kind
 }
 
 // SplitKey undoes the key encoding of a capture keyed on several columns

@@ -564,7 +564,7 @@ func TestCaptureBadInput(t *testing.T) {
 		{"unknown excluded column", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Exclude: []string{"x"}}, "spec.exclude[0]", `"x"`},
 		{"missing schema", pgfeed.CaptureSpec{Feed: "f", Schema: s + "_none", Table: "t"}, "spec.schema", s + "_none"},
 		{"missing table", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "T"}, "spec.table", `"T"`},
-		{"a view", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "v"}, "spec.table", "not a table"},
+		{"a view", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "v"}, "spec.table", "which is a view, not a table"},
 		{"bad feed name", pgfeed.CaptureSpec{Feed: "no spaces", Schema: s, Table: "t"}, "spec.feed", "no spaces"},
 		{"no table", pgfeed.CaptureSpec{Feed: "f", Schema: s}, "spec.table", "empty"},
 		{"key not unique", pgfeed.CaptureSpec{Feed: "f", Schema: s, Table: "t", Key: []string{"n"}}, "spec.key", "no unique index"},
@@ -1042,5 +1042,55 @@ func TestCaptureModeSwitch(t *testing.T) {
 	_, head := e.head(t, f)
 	if rows := e.feedRows(t, f); rows["5"].seq != int64(head) {
 		t.Fatalf("key 5, written last in the locked mode, is at seq %d; want the head %d", rows["5"].seq, head)
+	}
+}
+
+// TestCapturesReportSpecAndBackfill: Captures gives each capture's spec as
+// installed and how far its last backfill got: none, stopped (it resumes),
+// done, and one read under an earlier spec (the next starts over).
+func TestCapturesReportSpecAndBackfill(t *testing.T) {
+	e := newCapEnv(t, `CREATE TABLE %[1]s.t (id int PRIMARY KEY, a text, b text);
+		INSERT INTO %[1]s.t SELECT i, 'a', 'b' FROM generate_series(1, 25) AS i`)
+	ctx := t.Context()
+	const f = feed.FeedName("reported")
+	spec := pgfeed.CaptureSpec{Feed: f, Schema: e.d.schema, Table: "t", Exclude: []string{"b"}}
+	if _, err := e.s.Capture(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	state := func(step string) *pgfeed.BackfillState {
+		t.Helper()
+		list, err := e.s.Captures(ctx)
+		if err != nil || len(list) != 1 {
+			t.Fatalf("%s: Captures = %+v, %v", step, list, err)
+		}
+		if got := list[0].Spec; got.Feed != f || got.Table != "t" || !slices.Equal(got.Exclude, spec.Exclude) {
+			t.Fatalf("%s: Captures gives the spec %+v; want the one installed, %+v", step, got, spec)
+		}
+		return list[0].Backfill
+	}
+	if b := state("before a backfill"); b != nil {
+		t.Fatalf("before a backfill: Backfill = %+v; want nil", b)
+	}
+	// A backfill cancelled after its first batch commits stops there.
+	bctx, cancel := context.WithCancel(ctx)
+	_, err := e.s.Backfill(bctx, pgfeed.BackfillOptions{Feed: f, BatchSize: 10, Progress: func(pgfeed.BackfillProgress) { cancel() }})
+	if err == nil {
+		t.Fatal("a backfill cancelled after its first batch returned no error")
+	}
+	if b := state("stopped"); b == nil || b.Rows != 10 || !b.Finished.IsZero() || !b.Current || b.Started.IsZero() || b.Updated.Before(b.Started) {
+		t.Fatalf("stopped: Backfill = %+v; want 10 rows, not finished, current", b)
+	}
+	if _, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: f, BatchSize: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if b := state("done"); b == nil || b.Rows != 25 || b.Finished.IsZero() || !b.Current {
+		t.Fatalf("done: Backfill = %+v; want 25 rows, finished, current", b)
+	}
+	spec.Exclude = []string{"a", "b"}
+	if _, err := e.s.Capture(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if b := state("after a new spec"); b == nil || b.Current {
+		t.Fatalf("after a new spec: Backfill = %+v; want it read under an earlier spec", b)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -52,6 +53,33 @@ func inFlags(err error) error {
 		out.Reason = strings.ReplaceAll(out.Reason, r[0], r[1])
 	}
 	return &out
+}
+
+// documentFlags is the capture add flag that gave a spec its document, so
+// the same capture can be run again: "(the row)" when none did.
+func documentFlags(spec pgfeed.CaptureSpec) string {
+	switch {
+	case len(spec.Include) > 0:
+		return "--include " + strings.Join(spec.Include, ",")
+	case len(spec.Exclude) > 0:
+		return "--exclude " + strings.Join(spec.Exclude, ",")
+	case spec.Document != "":
+		return "--document " + strconv.Quote(spec.Document)
+	}
+	return "(the row)"
+}
+
+// backfillState says in a few words how far a feed's last backfill got.
+func backfillState(b *pgfeed.BackfillState) string {
+	switch {
+	case b == nil:
+		return "none"
+	case !b.Current:
+		return fmt.Sprintf("%d rows under an earlier spec (the next starts over)", b.Rows)
+	case b.Finished.IsZero():
+		return fmt.Sprintf("stopped at %d rows, %s (run it again to resume)", b.Rows, b.Updated.UTC().Format(time.DateTime))
+	}
+	return fmt.Sprintf("done, %d rows, %s", b.Rows, b.Finished.UTC().Format(time.DateTime))
 }
 
 // parseTable splits the [SCHEMA.]TABLE argument. Names are the catalog's
@@ -199,14 +227,15 @@ FEED captures no table, so a script notices a mistyped name.`,
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the captured tables, and the gaps in their triggers",
-		Long: `list prints every captured table with its feed, key and version, then a
-warning line for each gap in a capture's triggers: a table of the capture
-(a partition created or attached since, or any table whose capture trigger
-was dropped or disabled) whose writes do not reach the feed, or a table no
-longer captured (a partition detached since) that still writes into it.
-"kairos capture add" with the same arguments closes the gaps; a backfill
-refuses until then. --check exits 1 when any capture has a gap, 0
-otherwise, for an alert.`,
+		Long: `list prints every captured table with its feed, key, document (the flag
+that chose it), last backfill and version, then a warning line for each gap
+in a capture's triggers: a table of the capture (a partition created or
+attached since, or any table whose capture trigger was dropped or disabled)
+whose writes do not reach the feed, or a table no longer captured (a
+partition detached since) that still writes into it. "kairos capture add"
+with the same arguments (the row's FEED, TABLE, --key and document flag)
+closes the gaps; a backfill refuses until then. --check exits 1 when any
+capture has a gap, 0 otherwise, for an alert.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, st, closeStore, err := c.open(cmd.Context())
@@ -223,13 +252,13 @@ otherwise, for an alert.`,
 				return err
 			}
 			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "FEED\tTABLE\tKEY\tVERSION")
+			fmt.Fprintln(tw, "FEED\tTABLE\tKEY\tDOCUMENT\tBACKFILL\tVERSION")
 			for _, ci := range caps {
 				k := strings.Join(ci.Key, ",")
 				if k == "" {
 					k = "(primary key)"
 				}
-				fmt.Fprintf(tw, "%s\t%s.%s\t%s\t%s\n", ci.Feed, ci.Schema, ci.Table, k, ci.Version)
+				fmt.Fprintf(tw, "%s\t%s.%s\t%s\t%s\t%s\t%s\n", ci.Feed, ci.Schema, ci.Table, k, documentFlags(ci.Spec), backfillState(ci.Backfill), ci.Version)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -237,7 +266,7 @@ otherwise, for an alert.`,
 			gaps := 0
 			for _, ci := range caps {
 				for _, t := range ci.Uncovered {
-					fmt.Fprintf(c.stdout, "warning: feed %s: %s has no enabled capture triggers, so its writes do not reach the feed; run kairos capture add again\n", ci.Feed, t)
+					fmt.Fprintf(c.stdout, "warning: feed %s: %s lacks a capture trigger or has one disabled, so writes to it do not all reach the feed; run kairos capture add again\n", ci.Feed, t)
 				}
 				for _, t := range ci.Stray {
 					fmt.Fprintf(c.stdout, "warning: feed %s: %s is no longer %s.%s or under it but still carries its capture triggers, so its writes reach the feed; run kairos capture add again\n", ci.Feed, t, ci.Schema, ci.Table)

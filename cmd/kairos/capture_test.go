@@ -30,8 +30,9 @@ func TestCaptureAndBackfillVerbs(t *testing.T) {
 	if code, out, _ := kairos(t, "capture", "add", "items", schema+".items", "--print", "-c", cfg); code != exitOK || !strings.Contains(out, "CREATE TRIGGER") || !strings.HasPrefix(out, "-- Run this as one transaction") {
 		t.Fatalf("capture add --print = exit %d, %q", code, out)
 	}
-	if code, out, _ := kairos(t, "capture", "list", "-c", cfg); code != exitOK || !strings.Contains(out, "items") || !strings.Contains(out, "(primary key)") {
-		t.Fatalf("capture list = exit %d, %q", code, out)
+	if code, out, _ := kairos(t, "capture", "list", "-c", cfg); code != exitOK || !strings.Contains(out, "items") || !strings.Contains(out, "(primary key)") ||
+		!strings.Contains(out, "--exclude secret") || !strings.Contains(out, "  none  ") {
+		t.Fatalf("capture list = exit %d, %q; want the key, the document's flag and no backfill", code, out)
 	}
 	if code, _, stderr := kairos(t, "capture", "add", "other", schema+".items", "--key", "nope", "-c", cfg); code != exitUsage || !strings.Contains(stderr, `"nope"`) || !strings.Contains(stderr, "--key[0]") {
 		t.Fatalf("capture add with an unknown key column = exit %d, %q; want %d naming it", code, stderr, exitUsage)
@@ -48,6 +49,9 @@ func TestCaptureAndBackfillVerbs(t *testing.T) {
 	code, out, stderr := kairos(t, "backfill", "items", "--batch", "10", "-c", cfg)
 	if code != exitOK || !strings.HasPrefix(out, "backfilled 25 rows into feed items") || !strings.Contains(stderr, "rows/s") || !strings.HasSuffix(stderr, "done\n") {
 		t.Fatalf("backfill = exit %d, %q, %q", code, out, stderr)
+	}
+	if code, out, _ := kairos(t, "capture", "list", "-c", cfg); code != exitOK || !strings.Contains(out, "done, 25 rows, ") {
+		t.Fatalf("capture list after the backfill = exit %d, %q; want it done", code, out)
 	}
 	if code, _, _ := kairos(t, "backfill", "none", "-c", cfg); code != exitUsage {
 		t.Fatalf("backfill of a feed that captures nothing = exit %d; want %d", code, exitUsage)
@@ -81,7 +85,7 @@ func TestCaptureListGaps(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+q+`orders_us PARTITION OF `+q+`orders FOR VALUES IN ('us')`); err != nil {
 		t.Fatal(err)
 	}
-	warning := "warning: feed orders: " + schema + ".orders_us has no enabled capture triggers"
+	warning := "warning: feed orders: " + schema + ".orders_us lacks a capture trigger or has one disabled"
 	if code, out, _ := kairos(t, "capture", "list", "-c", cfg); code != exitOK || !strings.Contains(out, warning) {
 		t.Fatalf("capture list with a new partition = exit %d, %q; want %d and %q", code, out, exitOK, warning)
 	}
