@@ -717,7 +717,8 @@ func (m *i3Monitor) check() string {
 		}
 	}
 	m.e.rec.mu.Unlock()
-	rows, err := m.e.direct.Query(ctx, `SELECT key, seq FROM `+q+`.feed_rows WHERE feed = $1 AND seq <= $2`, string(m.e.feed), *seq)
+	rows, err := m.e.direct.Query(ctx, `SELECT key, seq FROM `+q+`.feed_rows
+		WHERE feed = coalesce((SELECT store FROM `+q+`.feed_generations WHERE feed = $1), $1) AND seq <= $2`, string(m.e.feed), *seq)
 	if err != nil {
 		return ""
 	}

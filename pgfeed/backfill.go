@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
 )
@@ -37,13 +38,20 @@ type BackfillOptions struct {
 	BatchSize int
 	// NewGeneration copies the table into a new generation of the feed
 	// instead of in place: every sink fills a fresh copy and publishes it,
-	// and keys no longer in the table are gone from every sink. The whole
-	// copy is then one transaction holding the feed lock (in the
-	// concurrent mode, the feed's write lock exclusive), so captured
-	// writers wait for it, and it is not resumable: a crash rolls it back
-	// and leaves the feed as it was. Defaults to false: in place, batch by
+	// and keys no longer in the table are gone from every sink. The copy
+	// holds the feed lock (in the concurrent mode, the feed's write lock
+	// exclusive) until the generation moves, so captured writers wait for
+	// it, and it is not resumable: a crash leaves the feed as it was (see
+	// the package doc's # Backfill). Defaults to false: in place, batch by
 	// batch, resumable.
 	NewGeneration bool
+	// Workers is how many connections copy a new generation at once, when
+	// the store's DBTX is a *pgxpool.Pool (one is kept for the transaction
+	// that moves the generation, so at most the pool's MaxConns less one
+	// copy). Must not be negative. Defaults to DefaultBackfillWorkers. On
+	// another DBTX, a new generation is copied in the one transaction that
+	// moves it.
+	Workers int
 	// Progress is called after every batch, and once at the end with Done
 	// set. Defaults to an Info log line through the store's Logger at most
 	// every DefaultBackfillLogEvery, and at the end.
@@ -189,10 +197,10 @@ SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
 	HAVING count(*) > 0
 ), g AS (
 	UPDATE ` + s.names.generations + ` AS g SET head = g.head + n.rows FROM n WHERE g.feed = $1::text AND n.rows > 0
-	RETURNING g.head
+	RETURNING g.head, coalesce(g.store, g.feed) AS store
 ), w AS (
 	INSERT INTO ` + s.names.rows + ` (feed, key, seq, doc, deleted_at)
-	SELECT $1::text, o.key, g.head - n.rows + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END
+	SELECT g.store, o.key, g.head - n.rows + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END
 	FROM (SELECT b.key, b.doc, row_number() OVER () AS ord FROM b) AS o, g, n
 ), p AS (
 	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
@@ -259,6 +267,12 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		return BackfillResult{}, feed.Invalid("options.batch_size", "is %d; it must not be negative", opts.BatchSize)
 	case opts.BatchSize == 0:
 		opts.BatchSize = DefaultBackfillBatch
+	}
+	switch {
+	case opts.Workers < 0:
+		return BackfillResult{}, feed.Invalid("options.workers", "is %d; it must not be negative", opts.Workers)
+	case opts.Workers == 0:
+		opts.Workers = DefaultBackfillWorkers
 	}
 	progress := opts.Progress
 	if progress == nil {
@@ -382,6 +396,18 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		return err
 	}
 
+	if pool, ok := s.db.(*pgxpool.Pool); ok && opts.NewGeneration {
+		done, err := s.backfillGeneration(ctx, pool, opts, c, fail, func(rows, t int64) {
+			res.Rows, copied, total = rows, rows, t
+			report(false)
+		})
+		if err != nil {
+			return BackfillResult{}, err
+		}
+		res = done
+		report(true)
+		return res, nil
+	}
 	if opts.NewGeneration {
 		err := readCommitted(func(tx pgx.Tx) error {
 			var gen int64

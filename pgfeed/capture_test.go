@@ -107,7 +107,8 @@ type feedRow struct {
 func (e capEnv) feedRows(t testing.TB, f feed.FeedName) map[string]feedRow {
 	t.Helper()
 	e.settle(t, f)
-	rows, err := e.d.pool.Query(t.Context(), `SELECT key, seq, doc::text FROM "`+e.d.schema+`".feed_rows WHERE feed = $1`, string(f))
+	rows, err := e.d.pool.Query(t.Context(), `SELECT key, seq, doc::text FROM "`+e.d.schema+`".feed_rows
+		WHERE feed = coalesce((SELECT store FROM "`+e.d.schema+`".feed_generations WHERE feed = $1), $1)`, string(f))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -482,18 +482,36 @@
 //
 // Each batch records its position (the last key's columns) in the same
 // transaction, so a backfill killed at any point resumes after the last
-// committed batch and copies no row twice. With NewGeneration the copy is
-// one transaction that resets the feed first and holds the lock until its
-// commit (in the concurrent mode the write lock exclusive, which every
-// captured writer's trigger waits for): sinks see the new generation
-// complete or not at all, which is the table-shaped rebuild. The reset
-// emptied the feed and nothing else writes it until the commit, and a
-// capture's keys are unique in its table, so each batch inserts its rows
-// sealed, seqs and all, in either mode: no upsert, no unsealed copy for a
-// sealer, and the new generation is never seen half sealed. It reads no row
-// FOR SHARE: every writer's feed write comes after its commit anyway, and a
-// writer that changed a row and waits in its trigger for the lock would
-// deadlock with a read waiting for that row.
+// committed batch and copies no row twice.
+//
+// With NewGeneration the copy is the table-shaped rebuild: sinks see the new
+// generation complete or not at all. A transaction takes the feed lock (in
+// the concurrent mode the write lock exclusive, which every captured
+// writer's trigger waits for) and holds it until the generation moves, and
+// nothing else writes the feed meanwhile; a capture's keys are unique in
+// its table, so each batch inserts its rows sealed, seqs and all, in
+// either mode: no upsert, no unsealed copy for a sealer, and the new
+// generation is never seen half sealed. It reads no row FOR SHARE: every
+// writer's feed write comes after the move anyway, and a writer that
+// changed a row and waits in its trigger for the lock would deadlock with
+// a read waiting for that row.
+//
+// On a pool, the rows table holds the new generation apart while it is
+// copied: a feed's rows are stored under a name its generations row gives
+// (the feed's own until its first such backfill), and the copy writes
+// under a fresh one, which no reader knows. So several connections copy at
+// once (BackfillOptions.Workers), each a share of the table in key order,
+// all in the locking transaction's exported snapshot, each committing its
+// share unseen; the first counts the table and picks where each share
+// starts, so each share's seqs are known before a row is copied. The
+// locking transaction then moves the generation, the head and the store
+// name together, and the rows of the old store are deleted after the move,
+// in batches, outside any lock (CollectTombstones finishes what a backfill
+// could not). A copy that fails leaves the feed as it was: its store is
+// entered in the stores table before a row is written, and its rows are
+// deleted by the backfill itself or, if it died, by the next backfill as a
+// new generation of the feed. On a single connection the copy runs in the
+// locking transaction, after deleting the feed's rows.
 //
 // # For implementers
 //

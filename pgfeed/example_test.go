@@ -38,5 +38,6 @@ func ExampleMigrations() {
 	// pgfeed 7 0007_changes - "app"."outbox_migrations" "app"."outbox_changes"
 	// pgfeed 8 0008_switches - "app"."outbox_migrations" "app"."outbox_switches"
 	// pgfeed 9 0009_record - "app"."outbox_migrations"
+	// pgfeed 10 0010_stores - "app"."outbox_migrations" "app"."outbox_stores"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

@@ -42,7 +42,8 @@ func (e capEnv) recorded(t testing.TB, f feed.FeedName) (keys int64, docs bool) 
 // rawRows reads f's feed rows as stored, sealing nothing first.
 func (e capEnv) rawRows(t testing.TB, f feed.FeedName) map[string]string {
 	t.Helper()
-	rows, err := e.d.pool.Query(t.Context(), `SELECT key, doc::text FROM `+e.q("feed_rows")+` WHERE feed = $1 AND doc IS NOT NULL`, string(f))
+	rows, err := e.d.pool.Query(t.Context(), `SELECT key, doc::text FROM `+e.q("feed_rows")+`
+		WHERE feed = coalesce((SELECT store FROM `+e.q("feed_generations")+` WHERE feed = $1), $1) AND doc IS NOT NULL`, string(f))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func (n names) migrations() pgschema.Migrations {
 	return pgschema.Migrations{
 		Package: "pgfeed", Files: migrationFiles, Dir: "migrations",
 		Schema: n.schema, Prefix: n.prefix,
-		Funcs: template.FuncMap{"concurrentUpsert": n.concurrentUpsert, "unsealedUpsert": n.unsealedUpsert, "lockedUpsert": n.lockedUpsert, "modeSeen": n.modeSeen, "snapshotTx": func() string { return snapshotTx }},
+		Funcs: template.FuncMap{"concurrentUpsert": n.concurrentUpsert, "unsealedUpsert": n.unsealedUpsert, "lockedUpsert": n.lockedUpsert, "lockedUpsertV1": n.lockedUpsertV1, "storeOf": n.storeOf, "modeSeen": n.modeSeen, "snapshotTx": func() string { return snapshotTx }},
 	}
 }
 

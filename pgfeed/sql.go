@@ -248,6 +248,17 @@ func (n names) concurrentUpsert(feedName, keys, docs, into string) string {
 SELECT generation` + into + ` FROM m`
 }
 
+// storeOf is the SQL expression of the name feedExpr's rows are stored
+// under in the rows table: the feed's own name, or, once a backfill filled
+// a new generation apart (see the package doc's # Backfill), the name
+// its generations row gives. Every statement that reads or writes a feed's
+// rows finds them through it; a statement holding the feed lock, or
+// reading in one snapshot with the rows, sees the name that goes with
+// them.
+func (n names) storeOf(feedExpr string) string {
+	return `coalesce((SELECT s_g.store FROM ` + n.generations + ` AS s_g WHERE s_g.feed = ` + feedExpr + `), ` + feedExpr + `)`
+}
+
 // snapshotTx is true in a transaction whose statements all read the
 // snapshot its first statement took (REPEATABLE READ, SERIALIZABLE): there
 // a statement after a lock may still read rows as they were before the
@@ -319,7 +330,7 @@ func (n names) sealChanges(docs string) string {
 	SELECT d.kairos_key COLLATE "C" AS key, d.kairos_doc AS doc FROM ` + docs + `(ARRAY(SELECT key FROM k)) AS d
 ), w AS MATERIALIZED (
 	SELECT e.key, e.doc, row_number() OVER (ORDER BY e.key) AS ord
-	FROM e LEFT JOIN LATERAL (SELECT true AS found, r.doc FROM ` + r + ` AS r WHERE r.feed = $1::text AND r.key = e.key OFFSET 0) AS r ON true
+	FROM e LEFT JOIN LATERAL (SELECT true AS found, r.doc FROM ` + r + ` AS r WHERE r.feed = ` + n.storeOf("$1::text") + ` AND r.key = e.key OFFSET 0) AS r ON true
 	WHERE CASE WHEN r.found IS NULL THEN e.doc IS NOT NULL
 		ELSE r.doc IS DISTINCT FROM e.doc OR r.doc::text IS DISTINCT FROM e.doc::text END
 ` + n.sealAt("w") + `
@@ -337,15 +348,43 @@ func (n names) sealAt(src string) string {
 	return `), h AS (
 	UPDATE ` + n.generations + ` SET head = head + (SELECT count(*) FROM ` + src + `)
 	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM ` + src + `)
-	RETURNING head - (SELECT count(*) FROM ` + src + `) AS base
+	RETURNING head - (SELECT count(*) FROM ` + src + `) AS base, coalesce(store, feed) AS store
 ), s AS (
 	INSERT INTO ` + n.rows + ` AS r (feed, key, seq, doc, deleted_at)
-	SELECT $1::text, ` + src + `.key, h.base + ` + src + `.ord, ` + src + `.doc, CASE WHEN ` + src + `.doc IS NULL THEN now() END FROM ` + src + `, h
+	SELECT h.store, ` + src + `.key, h.base + ` + src + `.ord, ` + src + `.doc, CASE WHEN ` + src + `.doc IS NULL THEN now() END FROM ` + src + `, h
 	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
 	RETURNING 1
 ), n AS (
 	SELECT pg_notify($3::text, $1::text) FROM (SELECT 1 FROM s LIMIT 1) AS one
 )`
+}
+
+// lockedUpsertV1 is migrations 6 and 8's text of the locked upsert, which
+// wrote the rows under the feed's own name. It is kept only so that those
+// migrations render as they always did; migration 10 replaces the function
+// that used it with one over lockedUpsert.
+//
+// It was the locked mode's write (statements.write) over the given
+// feed name, change count, keys, documents (text or jsonb) and notify
+// channel, returning the generation and the new head, into the given
+// PL/pgSQL targets when into is not empty. Write runs it with parameters,
+// and migration 6's write_result function, which QueueWrite calls, with its
+// own arguments, so both keep one text of the rules.
+func (n names) lockedUpsertV1(feedName, count, keys, docs, channel, into string) string {
+	if into != "" {
+		into = " INTO " + into
+	}
+	return `WITH g AS (
+	INSERT INTO ` + n.generations + ` AS g (feed, head) VALUES (` + feedName + `, ` + count + `)
+	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head WHERE g.write_mode = 'locked'
+	RETURNING g.generation, g.head
+), w AS (
+	INSERT INTO ` + n.rows + ` AS r (feed, key, seq, doc, deleted_at)
+	SELECT ` + feedName + `, c.key, g.head - ` + count + ` + c.ord, c.doc::jsonb, CASE WHEN c.doc IS NULL THEN now() END
+	FROM g, unnest(` + keys + `, ` + docs + `) WITH ORDINALITY AS c(key, doc, ord)
+	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
+)
+SELECT g.generation, g.head` + into + ` FROM g, LATERAL (SELECT pg_notify(` + channel + `, ` + feedName + `)) AS n`
 }
 
 // lockedUpsert is the locked mode's write (statements.write) over the given
@@ -361,10 +400,10 @@ func (n names) lockedUpsert(feedName, count, keys, docs, channel, into string) s
 	return `WITH g AS (
 	INSERT INTO ` + n.generations + ` AS g (feed, head) VALUES (` + feedName + `, ` + count + `)
 	ON CONFLICT (feed) DO UPDATE SET head = g.head + excluded.head WHERE g.write_mode = 'locked'
-	RETURNING g.generation, g.head
+	RETURNING g.generation, g.head, coalesce(g.store, g.feed) AS store
 ), w AS (
 	INSERT INTO ` + n.rows + ` AS r (feed, key, seq, doc, deleted_at)
-	SELECT ` + feedName + `, c.key, g.head - ` + count + ` + c.ord, c.doc::jsonb, CASE WHEN c.doc IS NULL THEN now() END
+	SELECT g.store, c.key, g.head - ` + count + ` + c.ord, c.doc::jsonb, CASE WHEN c.doc IS NULL THEN now() END
 	FROM g, unnest(` + keys + `, ` + docs + `) WITH ORDINALITY AS c(key, doc, ord)
 	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
 )
@@ -427,12 +466,12 @@ ON CONFLICT (feed) DO UPDATE SET switched_at = excluded.switched_at`,
 		sealedRange: `SELECT coalesce((SELECT generation FROM ` + g + ` WHERE feed = $1::text), 1),
 	min(seq), max(seq), EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text AND key = ANY ($2::text[]))
 		OR EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text AND keys && $2::text[])
-FROM ` + r + ` WHERE feed = $1::text AND key = ANY ($2::text[])`,
+FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND key = ANY ($2::text[])`,
 
 		reset: `INSERT INTO ` + g + ` AS g (feed, generation) VALUES ($1::text, 2)
 ON CONFLICT (feed) DO UPDATE SET generation = g.generation + 1
 RETURNING g.generation`,
-		emptyFeed: `WITH d AS (DELETE FROM ` + r + ` WHERE feed = $1::text), e AS (DELETE FROM ` + u + ` WHERE feed = $1::text),
+		emptyFeed: `WITH d AS (DELETE FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + `), e AS (DELETE FROM ` + u + ` WHERE feed = $1::text),
 	x AS (DELETE FROM ` + ch + ` WHERE feed = $1::text)
 SELECT pg_notify($2::text, $1::text)`,
 
@@ -441,7 +480,7 @@ SELECT pg_notify($2::text, $1::text)`,
 		readBatch: `SELECT NULL::text, m.generation, to_jsonb(m.head)
 FROM (SELECT coalesce(max(generation), 1) AS generation, coalesce(max(head), 0) AS head FROM ` + g + ` WHERE feed = $1::text) AS m
 UNION ALL
-(SELECT key, seq, doc FROM ` + r + ` WHERE feed = $1::text AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint)`,
+(SELECT key, seq, doc FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint)`,
 
 		lockSinkXact: `SELECT pg_try_advisory_xact_lock($1::bigint)`,
 		takeRow: `INSERT INTO ` + c + ` AS c (feed, sink, lease_holder, lease_expires_at)
@@ -495,19 +534,19 @@ ON CONFLICT (feed, sink, key) DO UPDATE SET seq = excluded.seq, reason = exclude
 		unparkOne:  `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text AND key = $3::text RETURNING seq`,
 		restamp: `WITH g AS (
 	UPDATE ` + g + ` SET head = head + 1
-	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM ` + r + ` WHERE feed = $1::text AND key = $2::text AND seq IS NOT NULL)
-	RETURNING head
+	WHERE feed = $1::text AND EXISTS (SELECT 1 FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND key = $2::text AND seq IS NOT NULL)
+	RETURNING head, coalesce(store, feed) AS store
 ), s AS (
-	UPDATE ` + r + ` AS r SET seq = g.head FROM g WHERE r.feed = $1::text AND r.key = $2::text AND r.seq IS NOT NULL
+	UPDATE ` + r + ` AS r SET seq = g.head FROM g WHERE r.feed = g.store AND r.key = $2::text AND r.seq IS NOT NULL
 )
 SELECT g.head FROM g, LATERAL (SELECT pg_notify($3::text, $1::text)) AS n`,
 		oldestTombstone: `SELECT t.at, extract(epoch FROM clock_timestamp() - t.at)::float8
-FROM (SELECT min(deleted_at) AS at FROM ` + r + ` WHERE feed = $1::text AND doc IS NULL AND seq IS NOT NULL) AS t`,
+FROM (SELECT min(deleted_at) AS at FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND doc IS NULL AND seq IS NOT NULL) AS t`,
 		collect: `WITH s AS (
 	SELECT count(*) AS sinks, count(seq) AS placed, min(seq) AS low FROM ` + c + ` WHERE feed = $1::text
 ), k AS MATERIALIZED (
 	SELECT r.ctid AS t FROM ` + r + ` AS r, s
-	WHERE r.feed = $1::text AND r.doc IS NULL AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
+	WHERE r.feed = ` + n.storeOf("$1::text") + ` AND r.doc IS NULL AND s.sinks > 0 AND s.placed = s.sinks AND r.seq <= s.low
 	  AND NOT EXISTS (SELECT 1 FROM ` + u + ` AS u WHERE u.feed = $1::text AND u.key = r.key)
 	  AND NOT EXISTS (SELECT 1 FROM ` + p + ` AS p WHERE p.feed = $1::text AND p.key = r.key)
 	FOR UPDATE OF r SKIP LOCKED
@@ -523,7 +562,7 @@ RETURNING 1`,
 		cursorExists: `SELECT count(*) FROM ` + c + ` WHERE feed = $1::text AND sink = $2::text`,
 		removeParked: `DELETE FROM ` + p + ` WHERE feed = $1::text AND sink = $2::text`,
 		traceKey: `WITH g AS (SELECT generation, head FROM ` + g + ` WHERE feed = $1::text),
-k AS (SELECT seq, doc FROM ` + r + ` WHERE feed = $1::text AND key = $2::text),
+k AS (SELECT seq, doc FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND key = $2::text),
 u AS (SELECT doc FROM ` + u + ` WHERE feed = $1::text AND key = $2::text)
 SELECT coalesce((SELECT generation FROM g), 1), coalesce((SELECT head FROM g), 0),
 	EXISTS (SELECT 1 FROM g) OR EXISTS (SELECT 1 FROM ` + c + ` WHERE feed = $1::text),
@@ -531,7 +570,7 @@ SELECT coalesce((SELECT generation FROM g), 1), coalesce((SELECT head FROM g), 0
 	EXISTS (SELECT 1 FROM u), (SELECT doc FROM u), EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text AND $2::text = ANY (keys)),
 	c.sink, c.generation, c.seq, p.seq, p.reason, p.parked_at,
 	CASE WHEN c.seq < (SELECT seq FROM k) THEN
-		(SELECT count(*) FROM ` + r + ` x WHERE x.feed = $1::text AND x.seq > c.seq AND x.seq < (SELECT seq FROM k)) END
+		(SELECT count(*) FROM ` + r + ` x WHERE x.feed = ` + n.storeOf("$1::text") + ` AND x.seq > c.seq AND x.seq < (SELECT seq FROM k)) END
 FROM (SELECT 1) one
 LEFT JOIN ` + c + ` c ON c.feed = $1::text
 LEFT JOIN ` + p + ` p ON p.feed = c.feed AND p.sink = c.sink AND p.key = $2::text
@@ -543,7 +582,7 @@ ORDER BY c.sink`,
 	(SELECT count(*) FROM ` + u + ` WHERE feed = $1::text) + (SELECT coalesce(sum(n), 0) FROM ` + ch + ` WHERE feed = $1::text)::bigint,
 	(SELECT lease_holder FROM ` + sl + ` WHERE feed = $1::text),
 	(SELECT lease_expires_at FROM ` + sl + ` WHERE feed = $1::text),
-	(SELECT min(deleted_at) FROM ` + r + ` WHERE feed = $1::text AND doc IS NULL AND seq IS NOT NULL)
+	(SELECT min(deleted_at) FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND doc IS NULL AND seq IS NOT NULL)
 FROM ` + g + ` WHERE feed = $1::text`,
 		describeSinks: `WITH c AS (
 	SELECT sink, generation, seq, last_advance_at, lease_holder, lease_expires_at, coalesce(seq, 0) AS at
@@ -552,7 +591,7 @@ FROM ` + g + ` WHERE feed = $1::text`,
 	SELECT at, lead(at) OVER (ORDER BY at) AS next FROM (SELECT DISTINCT at FROM c) AS d
 ), s AS MATERIALIZED (
 	SELECT p.at, (SELECT count(*) FROM ` + r + ` AS r
-		WHERE r.feed = $1::text AND r.seq > p.at AND r.seq <= coalesce(p.next, 9223372036854775807)) AS n
+		WHERE r.feed = ` + n.storeOf("$1::text") + ` AND r.seq > p.at AND r.seq <= coalesce(p.next, 9223372036854775807)) AS n
 	FROM p
 )
 SELECT c.sink, c.generation, c.seq, c.last_advance_at, c.lease_holder, c.lease_expires_at,

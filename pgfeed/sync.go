@@ -226,7 +226,10 @@ var errNotParked = errors.New("not parked")
 // feed.SyncStore. It never waits on a row lock: a tombstone another
 // transaction holds (a write of its key, another collection) is left for
 // the next collection, so collections from several processes, and the
-// application's writes, never deadlock with one another over it.
+// application's writes, never deadlock with one another over it. It also
+// deletes, in batches, the rows of a generation a backfill moved the feed
+// away from and did not finish deleting (see the package doc's # Backfill);
+// those are not counted.
 func (s *Store) CollectTombstones(ctx context.Context, f feed.FeedName) (int, error) {
 	if err := f.Validate(); err != nil {
 		return 0, err
@@ -234,6 +237,12 @@ func (s *Store) CollectTombstones(ctx context.Context, f feed.FeedName) (int, er
 	var n int64
 	if err := s.db.QueryRow(ctx, s.sql.collect, string(f)).Scan(&n); err != nil {
 		return 0, feed.WriteFailed("collecting the tombstones of feed "+string(f), err)
+	}
+	// The rows of a generation a backfill moved the feed from, which that
+	// backfill did not finish deleting; they are not tombstones, and not
+	// counted.
+	if err := s.sweepStores(ctx, s.db, string(f), "retired"); err != nil {
+		return int(n), feed.WriteFailed("deleting the rows of an earlier generation of feed "+string(f), err)
 	}
 	return int(n), nil
 }

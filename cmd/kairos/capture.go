@@ -30,6 +30,7 @@ var captureFields = []struct{ field, arg string }{
 	{"spec.feed", "FEED"}, {"spec.schema", "SCHEMA (of [SCHEMA.]TABLE)"}, {"spec.table", "TABLE"},
 	{"spec.key", "--key"}, {"spec.include", "--include"}, {"spec.exclude", "--exclude"},
 	{"spec.document", "--document"}, {"options.feed", "FEED"}, {"options.batch_size", "--batch"},
+	{"options.workers", "--workers"},
 }
 
 // inFlags restates an error pgfeed returned for a capture or a backfill in
@@ -290,7 +291,7 @@ capture has a gap, 0 otherwise, for an alert.`,
 }
 
 func (c *cli) backfillCmd() *cobra.Command {
-	var batch int
+	var batch, workers int
 	var generation bool
 	cmd := &cobra.Command{
 		Use:   "backfill FEED",
@@ -301,10 +302,11 @@ wins over the copy (see pgfeed's Backfill). In place (the default) it is
 resumable: run it again after a crash or ^C and it continues where the last
 batch committed. A backfill that finished starts over when run again: it
 copies every row anew, and each is a change every sink applies again.
---new-generation copies into a new generation in one transaction instead:
-every sink refills and publishes, keys no longer in the table are gone from
-every sink, and the table's writers wait until it commits (a crash or ^C
-rolls it back). Progress goes to stderr.`,
+--new-generation copies into a new generation instead, from --workers
+connections at once: every sink refills and publishes, keys no longer in
+the table are gone from every sink, and the table's writers wait until the
+generation moves (a crash or ^C leaves the feed as it was). Progress goes
+to stderr.`,
 		Args: exactArgs(1, "FEED"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := feed.FeedName(args[0])
@@ -317,7 +319,7 @@ rolls it back). Progress goes to stderr.`,
 			}
 			defer closeStore()
 			var last time.Time
-			res, err := st.Backfill(cmd.Context(), pgfeed.BackfillOptions{Feed: f, BatchSize: batch, NewGeneration: generation,
+			res, err := st.Backfill(cmd.Context(), pgfeed.BackfillOptions{Feed: f, BatchSize: batch, NewGeneration: generation, Workers: workers,
 				Progress: func(p pgfeed.BackfillProgress) {
 					if time.Since(last) < time.Second && !p.Done {
 						return
@@ -332,7 +334,7 @@ rolls it back). Progress goes to stderr.`,
 			if err != nil {
 				if cmd.Context().Err() != nil {
 					if generation {
-						fmt.Fprintf(c.stderr, "backfill %s: interrupted; the new generation rolled back and the feed is as it was\n", f)
+						fmt.Fprintf(c.stderr, "backfill %s: interrupted; the feed is as it was (its generation, its rows)\n", f)
 					} else {
 						fmt.Fprintf(c.stderr, "backfill %s: interrupted after %d rows; run kairos backfill %s again to resume\n", f, res.Rows, f)
 					}
@@ -348,6 +350,7 @@ rolls it back). Progress goes to stderr.`,
 		},
 	}
 	cmd.Flags().IntVar(&batch, "batch", 0, fmt.Sprintf("rows per batch (default %d)", pgfeed.DefaultBackfillBatch))
-	cmd.Flags().BoolVar(&generation, "new-generation", false, "copy into a new generation, in one transaction (a rebuild)")
+	cmd.Flags().BoolVar(&generation, "new-generation", false, "copy into a new generation, published whole (a rebuild)")
+	cmd.Flags().IntVar(&workers, "workers", 0, fmt.Sprintf("with --new-generation, connections copying at once (default %d)", pgfeed.DefaultBackfillWorkers))
 	return cmd
 }

@@ -160,7 +160,7 @@ BEGIN
             END IF;
             mode := 'locked';
         ELSE
-            {{lockedUpsert "feed_name" "cardinality(keys)" "keys" "docs" "channel" "written_generation, written_head"}};
+            {{lockedUpsertV1 "feed_name" "cardinality(keys)" "keys" "docs" "channel" "written_generation, written_head"}};
             IF written_head IS NOT NULL THEN
                 RETURN;
             END IF;
