@@ -412,15 +412,26 @@ func (s *Store) sweepStores(ctx context.Context, q DBTX, f, state string) error 
 		return err
 	}
 	for _, store := range stores {
+		// In key order from the last key deleted, so that no batch walks
+		// the dead index entries of the batches before it (keys are never
+		// empty, so the first starts after '').
+		after := ""
 		for {
-			tag, err := q.Exec(ctx, `DELETE FROM `+s.names.rows+` WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM `+s.names.rows+` WHERE feed = $1::text LIMIT $2::bigint))`, store, int64(sweepBatch))
+			var n int64
+			var last *string
+			err := q.QueryRow(ctx, `WITH d AS (
+	DELETE FROM `+s.names.rows+` WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM `+s.names.rows+` WHERE feed = $1::text AND key > $2::text ORDER BY key LIMIT $3::bigint))
+	RETURNING key
+)
+SELECT count(*), max(key) FROM d`, store, after, int64(sweepBatch)).Scan(&n, &last)
 			if err != nil {
 				return err
 			}
-			if tag.RowsAffected() < sweepBatch {
+			if n < sweepBatch || last == nil {
 				break
 			}
+			after = *last
 		}
 		if _, err := q.Exec(ctx, `DELETE FROM `+s.names.table("stores")+` WHERE store = $1::text AND state = $2::text`, store, state); err != nil {
 			return err
