@@ -139,11 +139,11 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 			"rows/s", bfFloor, bfBase, "figure/baseline", div, "", nil),
 		newRow("K backfill concurrent", "in-place backfill of the same table into a feed in the concurrent write mode, its sealer running, timed until every row is sealed; baseline: the same scan",
 			"rows/s", bfc, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
-		newRow("K backfill new generation", "backfill of the same table as a new generation of the locked-mode feed (the table-shaped rebuild: one transaction, plain inserts of sealed rows); baseline: the same scan",
+		newRow("K backfill new generation", "backfill of the same table as a new generation of the locked-mode feed (the table-shaped rebuild: two connections copy into rows stored apart, the generation moves in one transaction); baseline: the same scan",
 			"rows/s", bfg, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 		newRow("K backfill rebuild", "the same new-generation backfill of the feed while it holds the whole table already (the reset deletes its rows first), as a rebuild finds it; baseline: the same scan",
 			"rows/s", bfRebuild, bfBase, "figure/baseline", div, "", nil),
-		newRow("K backfill floor parallel", "the floor's copy shared by two connections at once, each copying half the ids (what a copy split across backends reaches on this machine; no backfill does it yet); baseline: the same scan",
+		newRow("K backfill floor parallel", "the floor's copy shared by two connections at once, each copying half the ids (what a copy split across backends reaches on this machine); baseline: the same scan",
 			"rows/s", bfFloor2, bfBase, "figure/baseline", div, "", nil),
 	}, nil
 }
