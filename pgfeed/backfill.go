@@ -130,9 +130,10 @@ type backfillSQL struct {
 	firstKeyed, nextKeyed string
 }
 
-func (s *Store) backfillStatements(c *capture) backfillSQL {
-	g := s.names.generations
-	var cols, order, pos, tuple []string
+// keyParts are the pieces of SQL a keyset copy of c's table is written
+// with: the key columns of row r selected as o1, o2, … (cols), ordered in
+// CTE b (order), read back as text (pos), and as a row value of r (tuple).
+func keyParts(c *capture) (cols, order, pos, tuple []string) {
 	for i, k := range c.key {
 		q := "r." + quoteIdent(k.name)
 		cols = append(cols, fmt.Sprintf("%s AS o%d", q, i+1))
@@ -140,14 +141,27 @@ func (s *Store) backfillStatements(c *capture) backfillSQL {
 		pos = append(pos, fmt.Sprintf("(b.o%d)::text", i+1))
 		tuple = append(tuple, q)
 	}
+	return cols, order, pos, tuple
+}
+
+// positionAt is the row value of the position given as parameter p (the
+// key's columns as text, in key order), each cast back to its column's
+// type.
+func positionAt(c *capture, p string) string {
+	var at []string
+	for i, k := range c.key {
+		at = append(at, fmt.Sprintf("(%s::text[])[%d]::%s", p, i+1, k.typ))
+	}
+	return "(" + strings.Join(at, ", ") + ")"
+}
+
+func (s *Store) backfillStatements(c *capture) backfillSQL {
+	g := s.names.generations
+	cols, order, pos, tuple := keyParts(c)
 	// afterAt is the WHERE that starts a batch after the position given as
 	// parameter p (the last key's columns as text).
 	afterAt := func(p string) string {
-		var at []string
-		for i, k := range c.key {
-			at = append(at, fmt.Sprintf("(%s::text[])[%d]::%s", p, i+1, k.typ))
-		}
-		return "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > (" + strings.Join(at, ", ") + ")"
+		return "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > " + positionAt(c, p)
 	}
 	after := afterAt("$5")
 	var pick []string

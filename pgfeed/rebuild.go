@@ -276,22 +276,9 @@ type rebuildSQL struct {
 }
 
 func (s *Store) rebuildStatements(c *capture) rebuildSQL {
-	var cols, order, pos, tuple []string
-	for i, k := range c.key {
-		q := "r." + quoteIdent(k.name)
-		cols = append(cols, fmt.Sprintf("%s AS o%d", q, i+1))
-		order = append(order, fmt.Sprintf("b.o%d", i+1))
-		pos = append(pos, fmt.Sprintf("(b.o%d)::text", i+1))
-		tuple = append(tuple, q)
-	}
+	cols, order, pos, tuple := keyParts(c)
 	row := "(" + strings.Join(tuple, ", ") + ")"
-	at := func(p string) string {
-		var at []string
-		for i, k := range c.key {
-			at = append(at, fmt.Sprintf("(%s::text[])[%d]::%s", p, i+1, k.typ))
-		}
-		return "(" + strings.Join(at, ", ") + ")"
-	}
+	at := func(p string) string { return positionAt(c, p) }
 	var keyText []string
 	for _, t := range tuple {
 		keyText = append(keyText, t+"::text")
