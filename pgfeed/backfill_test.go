@@ -553,3 +553,32 @@ func TestBackfillRefusesWhatWriteRefuses(t *testing.T) {
 		}
 	})
 }
+
+// TestBackfillWakesReaders: every batch of an in-place backfill in the
+// locked mode, and the move of a new generation, wake the feed's
+// subscribers as a write does, so a waiting sink copies at once rather than
+// at its next poll.
+func TestBackfillWakesReaders(t *testing.T) {
+	t.Parallel()
+	e, _ := backfillEnv(t, 300)
+	ctx := t.Context()
+	sub, err := e.s.Subscribe(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	for _, fresh := range []bool{false, true} {
+		select { // whatever woke it before this backfill
+		case <-sub.C():
+		default:
+		}
+		if _, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", NewGeneration: fresh, BatchSize: 100, Progress: func(pgfeed.BackfillProgress) {}}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-sub.C():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("new generation %v: no subscriber woke within 10s of the backfill", fresh)
+		}
+	}
+}
