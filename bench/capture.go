@@ -366,8 +366,29 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 		_, err := admin.Exec(ctx, `VACUUM `+table)
 		return err
 	}
+	// emptyFeed is empty for a feed's rows, which a new-generation
+	// backfill moves under a store name of their own: deleting by the
+	// feed's name alone left the last new generation's million rows in
+	// place, and the next in-place backfill copied into a full feed.
+	emptyFeed := func(f feed.FeedName) error {
+		var store string
+		if err := admin.QueryRow(ctx, `SELECT coalesce(max(coalesce(store, feed)), $1::text) FROM `+s.table("generations")+` WHERE feed = $1::text`, string(f)).Scan(&store); err != nil {
+			return err
+		}
+		if err := empty(s.table("rows"), store); err != nil {
+			return err
+		}
+		var left bool
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.table("rows")+` WHERE feed = $1::text)`, store).Scan(&left); err != nil {
+			return err
+		}
+		if left {
+			return fmt.Errorf("feed %s still has rows stored under %s after emptying it", f, store)
+		}
+		return nil
+	}
 	backfill := func(f feed.FeedName, fresh bool) (float64, error) {
-		if err := empty(s.table("rows"), string(f)); err != nil {
+		if err := emptyFeed(f); err != nil {
 			return 0, err
 		}
 		var sealed chan error
