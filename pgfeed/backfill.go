@@ -16,9 +16,9 @@ import (
 // Defaults of BackfillOptions.
 const (
 	// DefaultBackfillBatch is how many rows one backfill batch copies. A
-	// batch holds the feed lock while it reads and writes (in the
-	// concurrent mode, the locks of its rows), so captured writers of the
-	// table (of those rows) wait at most one batch (5000 rows took 0.1–0.3 s
+	// batch holds the feed lock while it reads and writes, so captured
+	// writers of the table in the locked mode (in the concurrent mode, the
+	// sealer's rounds, not the writers) wait at most one batch (5000 rows took 0.1–0.3 s
 	// on the 2-core machine of BENCHMARKS.md); smaller batches wait less
 	// and copy slower, since each costs a commit and four round trips
 	// (1000-row batches copied about a quarter fewer rows a second).
@@ -92,43 +92,30 @@ type BackfillResult struct {
 // backfillSQL are a backfill's statements for one capture.
 type backfillSQL struct {
 	// share takes the feed's write lock shared (as a concurrent writer
-	// does), so the write mode that mode then reads (with the generation
-	// and head) cannot change until the batch commits: a switch takes the
-	// lock exclusive.
-	share, mode string
-	// lock takes the feed lock (creating the generations row if need be)
-	// and returns the generation and head: a locked-mode batch's order.
+	// does), so neither a switch of the write mode nor a reset, nor
+	// Uncapture, each of which takes it exclusive, runs under a batch.
+	share string
+	// mode reads the write mode, generation and head.
+	mode string
+	// lock takes the feed lock, the generations row that locked-mode
+	// writers and sealing rounds take (creating it if need be), and
+	// returns the generation, the head, and whether the feed still has a
+	// capture.
 	lock string
-	// first and next copy one batch ($1 the feed, $2 the batch size, $3
-	// the channel, $4 the write lock's key), from the start or after the
-	// position $5, write it as the locked mode's write function would, and
-	// record the progress, in one statement.
+	// first and next copy one in-place batch ($1 the feed, $2 the batch
+	// size, $3 the channel, $4 the write lock's key), from the start or
+	// after the position $5, write it sealed as the locked mode's write
+	// function would, and record the progress, in one statement, in
+	// either write mode (see the package doc's # Backfill).
 	first, next string
-	// firstShared and nextShared are first and next for an in-place batch
-	// in the concurrent mode: they pick the batch's rows in key order
-	// without a lock (and so its position), then read those rows again FOR
-	// SHARE and copy what that read returns, the newest committed version
-	// of each (see the package doc's # Backfill). The position comes from
-	// the first read: one locking read that also picked the rows would
-	// return a row whose key a writer changed meanwhile with its new key,
-	// which may lie past rows the batch never read.
-	firstShared, nextShared string
 	// firstFresh and nextFresh are first and next for a backfill as a new
 	// generation, in either mode: the reset emptied the feed and holds
 	// every writer back, and a capture's keys are unique in its table, so
-	// each batch inserts its rows with their seqs, no upsert, no unsealed
-	// copy to seal after. A batch holding a row the feed refuses hands
-	// those rows to the write function, which refuses them with its own
-	// error before it writes anything, and the statement fails.
+	// each batch inserts its rows with their seqs, no upsert. A batch
+	// holding a row the feed refuses hands those rows to the write
+	// function, which refuses them with its own error before it writes
+	// anything, and the statement fails.
 	firstFresh, nextFresh string
-	// firstKeyed and nextKeyed are first and next for an in-place batch of
-	// a keyed capture in the concurrent mode: they pick the batch's keys in
-	// key order and record them (record, as the capture's trigger does),
-	// for the sealer to read each row's document when it seals it (see the
-	// package doc's # Backfill), and the progress. Their fifth column is
-	// record's answer, true when the keys are recorded; NULL when the feed
-	// no longer has a capture, and nothing is.
-	firstKeyed, nextKeyed string
 }
 
 // keyParts are the pieces of SQL a keyset copy of c's table is written
@@ -159,39 +146,9 @@ func positionAt(c *capture, p string) string {
 func (s *Store) backfillStatements(c *capture) backfillSQL {
 	g := s.names.generations
 	cols, order, pos, tuple := keyParts(c)
-	// afterAt is the WHERE that starts a batch after the position given as
-	// parameter p (the last key's columns as text).
-	afterAt := func(p string) string {
-		return "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > " + positionAt(c, p)
-	}
-	after := afterAt("$5")
-	var pick []string
-	for i := range c.key {
-		pick = append(pick, fmt.Sprintf("p.o%d", i+1))
-	}
-	shared := func(where string) string {
-		return `WITH b AS MATERIALIZED (
-	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
-	FROM ` + c.table + ` AS r` + where + `
-	ORDER BY ` + strings.Join(tuple, ", ") + `
-	LIMIT $2::bigint
-), l AS MATERIALIZED (
-	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc
-	FROM ` + c.table + ` AS r
-	WHERE (` + strings.Join(tuple, ", ") + `) IN (SELECT ` + strings.Join(pick, ", ") + ` FROM b AS p)
-	FOR SHARE OF r
-), n AS (
-	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
-), w AS (
-	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text, $4::bigint) AS head FROM l AS b
-), p AS (
-	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
-		updated_at = clock_timestamp(), finished_at = CASE WHEN n.rows < $2::bigint THEN clock_timestamp() END
-	FROM n WHERE f.feed = $1::text
-	RETURNING f.rows
-)
-SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
-	}
+	// after is the WHERE that starts a batch after the position $5 (the
+	// last key's columns as text).
+	after := "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > " + positionAt(c, "$5")
 	fresh := func(where string) string {
 		return `WITH b AS MATERIALIZED (
 	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
@@ -219,16 +176,15 @@ SELECT n.rows, (SELECT head FROM w), (SELECT rows FROM p), n.last FROM n`
 )
 SELECT n.rows, (SELECT head FROM g), (SELECT rows FROM p), n.last, (SELECT refused FROM x) FROM n`
 	}
-	// inPlace is a locked-mode batch: the write function's upsert written
-	// out in the batch's own statement, over the rows the batch read, so
-	// that no array of keys and documents is built for the function and
-	// unnested again (the batch copied at about half the rate through it).
-	// The rules are the function's: the head moves by the batch's rows, each
-	// key's row is replaced with the next seq, a NULL document is a
-	// tombstone, one notify; a batch holding a row the feed refuses hands
-	// those rows to the function, which refuses them before it writes
-	// anything. The batch holds the feed lock and the write lock shared, so
-	// the mode it read (locked) holds.
+	// inPlace is an in-place batch, in either write mode: the locked
+	// write function's upsert written out in the batch's own statement,
+	// over the rows the batch read, so that no array of keys and documents
+	// is built for the function and unnested again (the batch copied at
+	// about half the rate through it). The rules are the function's: the
+	// head moves by the batch's rows, each key's row is replaced with the
+	// next seq, a NULL document is a tombstone, one notify; a batch holding
+	// a row the feed refuses hands those rows to the function, which
+	// refuses them before it writes anything, in either mode.
 	inPlace := func(where string) string {
 		return `WITH b AS MATERIALIZED (
 	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
@@ -258,42 +214,16 @@ SELECT n.rows, (SELECT head FROM g), (SELECT rows FROM p), n.last, (SELECT refus
 SELECT n.rows, (SELECT head FROM g), (SELECT rows FROM p), n.last, (SELECT refused FROM x),
 	(SELECT count(pg_notify($3::text, $1::text)) FROM g) FROM n`
 	}
-	// The keyed statements take no channel (the sealer notifies): $3 is
-	// the write lock's key and $4 the position.
-	keyed := func(where string) string {
-		return `WITH b AS MATERIALIZED (
-	SELECT ` + c.keyExpr + ` AS key, ` + strings.Join(cols, ", ") + `
-	FROM ` + c.table + ` AS r` + where + `
-	ORDER BY ` + strings.Join(tuple, ", ") + `
-	LIMIT $2::bigint
-), n AS (
-	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
-), c AS (
-	SELECT EXISTS (SELECT FROM ` + s.names.table("captures") + ` WHERE feed = $1::text) AS captured
-), w AS (
-	SELECT CASE WHEN c.captured THEN ` + s.names.table("record") + `($1::text, (SELECT array_agg(b.key) FROM b), $3::bigint) END AS recorded FROM c
-), p AS (
-	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
-		updated_at = clock_timestamp(), finished_at = CASE WHEN n.rows < $2::bigint THEN clock_timestamp() END
-	FROM n, w WHERE f.feed = $1::text AND w.recorded
-	RETURNING f.rows
-)
-SELECT n.rows, NULL::bigint, (SELECT rows FROM p), n.last, (SELECT recorded FROM w) FROM n`
-	}
 	return backfillSQL{
 		firstFresh: fresh(""),
 		nextFresh:  fresh(after),
-		firstKeyed: keyed(""),
-		nextKeyed:  keyed(afterAt("$4")),
 		lock: `INSERT INTO ` + g + ` AS g (feed) VALUES ($1::text)
 ON CONFLICT (feed) DO UPDATE SET head = g.head
-RETURNING g.generation, g.head`,
-		share:       `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
-		mode:        `SELECT coalesce(max(write_mode), 'locked'), coalesce(max(generation), 1), coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
-		first:       inPlace(""),
-		next:        inPlace(after),
-		firstShared: shared(""),
-		nextShared:  shared(after),
+RETURNING g.generation, g.head, EXISTS (SELECT FROM ` + s.names.table("captures") + ` WHERE feed = $1::text)`,
+		share: `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
+		mode:  `SELECT coalesce(max(write_mode), 'locked'), coalesce(max(generation), 1), coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
+		first: inPlace(""),
+		next:  inPlace(after),
 	}
 }
 
@@ -365,57 +295,34 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		}
 		progress(p)
 	}
-	// batch runs one batch in tx and says whether the table is copied; tx
-	// holds the feed lock, or, when shared, the feed's write lock shared
-	// in the concurrent mode.
+	// batch runs one batch in tx, which holds the feed lock, and says
+	// whether the table is copied; fresh says the batch is a new
+	// generation's (firstFresh, nextFresh).
 	key := s.writeKey(opts.Feed)
-	// fresh says the batch is a new generation's (firstFresh, nextFresh).
-	batch := func(tx pgx.Tx, shared, keyed, fresh bool) (bool, error) {
+	batch := func(tx pgx.Tx, fresh bool) (bool, error) {
 		q, args := st.first, []any{f, int64(opts.BatchSize), s.names.channel, key}
-		switch {
-		case fresh:
+		if fresh {
 			q = st.firstFresh
-		case keyed:
-			q, args = st.firstKeyed, []any{f, int64(opts.BatchSize), key}
-		case shared:
-			q = st.firstShared
 		}
 		if position != nil {
 			q, args = st.next, append(args, position)
-			switch {
-			case fresh:
+			if fresh {
 				q = st.nextFresh
-			case keyed:
-				q = st.nextKeyed
-			case shared:
-				q = st.nextShared
 			}
 		}
 		var n int64
 		var head, rows *int64
 		var last []string
-		recorded := new(true)
 		var refused *int64
-		dest := []any{&n, &head, &rows, &last}
+		dest := []any{&n, &head, &rows, &last, &refused}
 		var notified int64
-		switch {
-		case keyed:
-			dest = append(dest, &recorded)
-		case fresh:
-			dest = append(dest, &refused)
-		case !shared:
-			dest = append(dest, &refused, &notified)
+		if !fresh {
+			dest = append(dest, &notified)
 		}
 		if err := tx.QueryRow(ctx, q, args...).Scan(dest...); err != nil {
 			return false, fail("copying a batch", err)
 		}
-		switch {
-		case recorded == nil:
-			return false, feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
-		case !*recorded:
-			// The batch holds the write lock, so the mode it read holds.
-			return false, fail("copying a batch", errors.New("the feed left the concurrent mode under the batch's write lock"))
-		case refused != nil:
+		if refused != nil {
 			// write refuses every row handed to it for refusal; one that
 			// returned means the two filters differ.
 			return false, fail("copying a batch", errors.New("the write function took a row the backfill held for refused"))
@@ -480,7 +387,7 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 			// writer that changed a row and waits for the lock in its
 			// trigger would deadlock with a read that waits for its row).
 			for {
-				done, err := batch(tx, false, false, true)
+				done, err := batch(tx, true)
 				if err != nil {
 					return err
 				}
@@ -532,29 +439,25 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 	for {
 		var done bool
 		err := readCommitted(func(tx pgx.Tx) error {
-			// The write lock shared, then the mode, which it holds still.
-			// In the locked mode, the feed lock next, in a statement of
-			// its own: the batch's read then takes its snapshot after every
-			// captured writer before it has committed, and those after it
-			// wait for this commit. In the concurrent mode the batch reads
-			// its rows FOR SHARE instead (see the package doc's # Backfill).
+			// The write lock shared, then the feed lock, in a statement
+			// of its own: the batch's read then takes its snapshot after
+			// every locked-mode writer and every sealing round before it
+			// has committed, and those after it wait for this commit (see
+			// the package doc's # Backfill).
 			if _, err := tx.Exec(ctx, st.share, key); err != nil {
 				return fail("taking the write lock", err)
 			}
-			var mode string
 			var gen, head int64
-			if err := tx.QueryRow(ctx, st.mode, f).Scan(&mode, &gen, &head); err != nil {
-				return fail("reading the write mode", err)
+			var captured bool
+			if err := tx.QueryRow(ctx, st.lock, f).Scan(&gen, &head, &captured); err != nil {
+				return fail("taking the feed lock", err)
 			}
-			shared := feed.WriteMode(mode) == feed.WriteConcurrent
-			if !shared {
-				if err := tx.QueryRow(ctx, st.lock, f).Scan(&gen, &head); err != nil {
-					return fail("taking the feed lock", err)
-				}
+			if !captured {
+				return feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
 			}
 			res.Generation, res.Head = feed.Generation(gen), feed.Seq(head)
 			var err error
-			done, err = batch(tx, shared, shared && c.keyed, false)
+			done, err = batch(tx, false)
 			return err
 		})
 		if err != nil {

@@ -34,9 +34,6 @@ type capMode struct {
 	document string
 }
 
-// keyed says the capture records keys in m.
-func (m capMode) keyed() bool { return m.mode == feed.WriteConcurrent && m.document == "" }
-
 var capModes = []capMode{
 	{"locked", feed.WriteLocked, ""},
 	{"concurrent", feed.WriteConcurrent, ""},
@@ -125,10 +122,9 @@ func (e capEnv) holdFeedLock(t *testing.T, id int, v string) func(commit bool) {
 // writer commits. The backfill must copy row 5 as the writer left it. A
 // backfill that read the table before it held the lock copies the old row
 // at a seq above the writer's, and the feed keeps the stale document. In
-// the concurrent mode the backfill waits for the row itself (FOR SHARE);
-// one that copied the row as its snapshot had it would wait for the feed
-// row instead and then overwrite the writer's unsealed document with the
-// old one.
+// the concurrent mode the writer holds no feed lock: the backfill copies
+// row 5 as committed before the writer and ends while the writer is open,
+// and the writer's commit is sealed above the copy, so it still wins.
 func TestBackfillTakesTheLockBeforeItReads(t *testing.T) {
 	inBothModes(t, backfillTakesTheLockBeforeItReads)
 }
@@ -147,10 +143,7 @@ func backfillTakesTheLockBeforeItReads(t *testing.T, m capMode) {
 		done <- result{r, err}
 	}()
 	var res result
-	if m.keyed() {
-		// A keyed backfill records keys without a lock and waits for
-		// nobody: it ends while the writer is open, and the writer, whose
-		// commit records row 5 again, still wins once both are sealed.
+	if e.concurrent {
 		res = <-done
 		release(true)
 	} else {
@@ -164,13 +157,59 @@ func backfillTakesTheLockBeforeItReads(t *testing.T, m capMode) {
 	e.same(t, "backfill after a waiting writer", "t", e.want(t, table))
 }
 
+// TestBackfillWaitsForARound is the concurrent mode's form of the rule
+// above: a sealing round holds the feed lock; a backfill starts and comes
+// to wait for it; a writer then changes row 5 and commits, and the round,
+// whose seal reads after that commit, seals the change. The backfill must
+// copy row 5 as the writer left it. A batch that read the table before it
+// held the lock would copy the row as it was before the writer and write
+// that above the round's seal, and no later round would mend it: the
+// writer's write is sealed already.
+func TestBackfillWaitsForARound(t *testing.T) {
+	t.Parallel()
+	for _, m := range capModes {
+		if m.mode != feed.WriteConcurrent {
+			continue
+		}
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e, table := backfillEnvIn(t, 10, m)
+			ctx := t.Context()
+			locked, proceed := make(chan struct{}), make(chan struct{})
+			sealed := make(chan error, 1)
+			go func() {
+				_, err := pgfeed.SealRoundGated(ctx, e.s, "t", locked, proceed)
+				sealed <- err
+			}()
+			<-locked
+			done := make(chan error, 1)
+			go func() {
+				_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Progress: func(pgfeed.BackfillProgress) {}})
+				done <- err
+			}()
+			e.waitBlocked(t)
+			e.exec(t, `UPDATE `+e.q("t")+` SET v = 'written while the backfill waited' WHERE id = 5`)
+			close(proceed)
+			if err := <-sealed; err != nil {
+				t.Fatalf("the round: %v", err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("Backfill: %v", err)
+			}
+			e.same(t, "backfill after a round that sealed a writer", "t", e.want(t, table))
+		})
+	}
+}
+
 // TestBackfillKeyMovedWhileItWaits: a writer has moved row 5 to key 100005
 // and holds its transaction open; a backfill of batches of 10 over rows
-// 1..20 waits for it (for the row, in the concurrent mode; for the feed
-// lock, in the locked one), then the writer commits. Rows 11..20 must still
-// be copied: a batch that took its position from a locking read would get
-// row 5 back with its new key, 100005, as the batch's last, and the next
-// batch would start past rows 11..20.
+// 1..20 waits for it (for the feed lock, in the locked mode), then the
+// writer commits. Rows 11..20 must still be copied: a batch that took its
+// position from a locking read would get row 5 back with its new key,
+// 100005, as the batch's last, and the next batch would start past rows
+// 11..20. In the concurrent mode the backfill waits for nobody: it copies
+// key 5 as its snapshot has it, and the writer's commit, sealed after,
+// tombstones 5 and writes 100005.
 func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
 	inBothModes(t, func(t *testing.T, m capMode) {
 		e, table := backfillEnvIn(t, 20, m)
@@ -188,10 +227,7 @@ func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
 			_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 10, Progress: func(pgfeed.BackfillProgress) {}})
 			done <- err
 		}()
-		if m.keyed() {
-			// Nothing to wait for (see above): the backfill records key 5
-			// as its snapshot has it, and the writer's commit records 5
-			// and 100005.
+		if e.concurrent {
 			if err := <-done; err != nil {
 				t.Fatalf("Backfill: %v", err)
 			}
@@ -201,7 +237,7 @@ func TestBackfillKeyMovedWhileItWaits(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if !m.keyed() {
+		if !e.concurrent {
 			if err := <-done; err != nil {
 				t.Fatalf("Backfill: %v", err)
 			}

@@ -1009,8 +1009,8 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 		// The triggers are gone, and dropping them waited for every writer
 		// of the tables that had begun; the write lock exclusive, taken
 		// after the tables' locks as a writer takes them, waits for a
-		// backfill's batch, which records keys too, and a later batch finds
-		// no capture (backfill.go). What is recorded now is all there will
+		// backfill's batch, and a later batch finds no capture
+		// (backfill.go). What is recorded now is all there will
 		// be: seal it while the document function is still there.
 		if _, err := tx.Exec(ctx, s.sql.excludeWrite, s.writeKey(f)); err != nil {
 			return feed.WriteFailed("removing the capture of feed "+string(f), err)

@@ -381,8 +381,8 @@
 // sealer's session, so a timestamptz column prints in the sealer's
 // TimeZone (set the daemon's to the writers' when that matters, or use a
 // document expression). Uncapture, and SetWriteMode to the locked mode,
-// seal what was recorded before they finish; a backfill's batch in this
-// mode records its keys the same way (see # Backfill). After changing a
+// seal what was recorded before they finish (a backfill's batch writes
+// its documents sealed, see # Backfill). After changing a
 // key column's type, run Capture again before the next round: the
 // function casts key text back to the type it found.
 //
@@ -438,11 +438,12 @@
 // # Backfill
 //
 // Backfill copies the rows a table already holds with the capture's own key
-// and document. In place, each batch is a transaction that takes the feed
-// lock in a statement of its own first and only then reads its rows, in READ
-// COMMITTED, so its read takes a snapshot after the lock: every captured
-// writer that wrote the feed before it has committed and is seen, and every
-// writer after it waits for the lock and gets a higher seq. A copy is
+// and document. In place, in either write mode, each batch is a transaction
+// that takes the feed lock in a statement of its own first and only then
+// reads its rows, in READ COMMITTED, so its read takes a snapshot after the
+// lock: every captured writer that wrote the feed before it has committed
+// and is seen, and every writer after it waits for the lock and gets a
+// higher seq. A copy is
 // therefore never older than a feed row below it, and a writer's later
 // change always lands above the copy: the trigger's writes win over the
 // backfill's, never the reverse, without a per-key comparison. (A writer
@@ -450,35 +451,24 @@
 // lock; the batch copies the row as committed, and the writer's trigger then
 // writes above it.) Writers wait at most one batch.
 //
-// A keyed capture in the concurrent mode (see # Keyed capture) copies no
-// document: each batch takes the write lock shared, picks its keys in key
-// order without a lock and records them, as the trigger records a
-// statement's, with its position, and the sealer reads each row when it
-// seals it. No order needs keeping: whatever the batch read, the row the
-// sealer reads is the table's at the round, and a writer's change after it
-// recorded the key again. A batch that finds the capture removed records
-// nothing and fails the backfill (Uncapture seals what was recorded, and
-// so waits for a batch in flight).
-//
-// With a document expression, in the concurrent mode there is no feed lock
-// to order by: writers upsert
-// unsealed rows, and the last to commit a key's row leaves its document,
-// which the sealer seals after every earlier seal. So the copy must be
-// written like a writer of the row it copies: each batch takes the write
-// lock shared (which holds the mode still), picks its rows in key order
-// without a lock, then reads those rows again FOR SHARE and copies what that
-// read returns. A writer that changed a row before the lock read committed
-// first (the read waits for it) and its own upsert of the key's feed row
-// came before the copy's, which writes the same document; a writer that
-// changes the row after waits for the batch's commit, so its upsert comes
-// after the copy's and wins. A row whose key a writer changed in between
-// fails the locking read's WHERE, checked again on the new version (unless
-// the new key is another the batch picked, then copied as it now is); its
-// writer's trigger wrote both keys. (One locking read that both picked and
-// locked would return such a row with its new key, which may lie past rows
-// the batch never read, and the position would skip them.) The position is
-// the first read's last key. A row a writer inserted and had not committed is
-// in neither read, and its trigger writes it.
+// The concurrent mode copies the same way. Its writers take no feed lock,
+// but every seq is still handed out under it, by sealing rounds, and a
+// batch is sealed as it is written: it takes the lock as a round does,
+// reads its rows in a snapshot taken after it, and writes them at seqs
+// above every earlier round's. A writer that committed before that
+// snapshot is in the copy, and a round that seals its unsealed write (or
+// its recorded key) afterwards seals the same document again, or a newer
+// one, above the copy; a writer that commits after the snapshot is sealed
+// by a round that waits for the batch, so above the copy too, and wins.
+// Writers themselves never wait for a batch; rounds wait at most one. A
+// row's lock is not read: a writer whose change is not yet committed is
+// simply not in the copy, and its write is sealed after it. Taking the lock
+// in a statement before the read matters here as in the locked mode: a
+// read whose snapshot predated a round's commit could miss a write the
+// round sealed, then write the older row above it. Every batch also holds
+// the write lock shared, which a switch of the write mode, a reset and
+// Uncapture take exclusive, so none of them runs under a batch, and a batch
+// that finds the capture removed fails the backfill.
 //
 // Each batch records its position (the last key's columns) in the same
 // transaction, so a backfill killed at any point resumes after the last

@@ -35,3 +35,26 @@ func SealRoundHeld(ctx context.Context, s *Store, f feed.FeedName, hold time.Dur
 	})
 	return int(n), err
 }
+
+// SealRoundGated runs one sealing round that takes the feed lock, closes
+// locked, and seals only once proceed is closed, then commits: a test's way
+// to have a round hold the lock while other work queues behind it, and to
+// choose which writes its seal (a snapshot after proceed) sees.
+func SealRoundGated(ctx context.Context, s *Store, f feed.FeedName, locked chan<- struct{}, proceed <-chan struct{}) (int, error) {
+	var n int64
+	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.sql.sealLock, string(f)); err != nil {
+			return err
+		}
+		close(locked)
+		select {
+		case <-proceed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		var err error
+		n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit))
+		return err
+	})
+	return int(n), err
+}
