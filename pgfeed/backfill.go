@@ -91,6 +91,8 @@ type BackfillResult struct {
 
 // backfillSQL are a backfill's statements for one capture.
 type backfillSQL struct {
+	// table is c.lockTable().
+	table string
 	// share takes the feed's write lock shared (as a concurrent writer
 	// does), so neither a switch of the write mode nor a reset, nor
 	// Uncapture, each of which takes it exclusive, runs under a batch.
@@ -116,6 +118,15 @@ type backfillSQL struct {
 	// function, which refuses them with its own error before it writes
 	// anything, and the statement fails.
 	firstFresh, nextFresh string
+}
+
+// lockTable takes the lock a reader takes on c's table (ACCESS SHARE, on
+// every partition too). A backfill takes it before any lock of the feed:
+// a writer takes its table's lock before its trigger takes the feed's, and
+// so do TRUNCATE and Uncapture, so a backfill that held the feed's lock and
+// then waited for the table could deadlock with them.
+func (c *capture) lockTable() string {
+	return `LOCK TABLE ` + c.table + ` IN ACCESS SHARE MODE`
 }
 
 // keyParts are the pieces of SQL a keyset copy of c's table is written
@@ -220,6 +231,7 @@ SELECT n.rows, (SELECT head FROM g), (SELECT rows FROM p), n.last, (SELECT refus
 		lock: `INSERT INTO ` + g + ` AS g (feed) VALUES ($1::text)
 ON CONFLICT (feed) DO UPDATE SET head = g.head
 RETURNING g.generation, g.head, EXISTS (SELECT FROM ` + s.names.table("captures") + ` WHERE feed = $1::text)`,
+		table: c.lockTable(),
 		share: `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
 		mode:  `SELECT coalesce(max(write_mode), 'locked'), coalesce(max(generation), 1), coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
 		first: inPlace(""),
@@ -368,6 +380,9 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 	}
 	if opts.NewGeneration {
 		err := readCommitted(func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, st.table); err != nil {
+				return fail("locking table "+c.table, err)
+			}
 			var gen int64
 			if err := tx.QueryRow(ctx, `SELECT `+s.names.table("reset")+`($1::text, $2::text, $3::bigint)`, f, s.names.channel, key).Scan(&gen); err != nil {
 				return fail("moving to a new generation", err)
@@ -439,11 +454,14 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 	for {
 		var done bool
 		err := readCommitted(func(tx pgx.Tx) error {
-			// The write lock shared, then the feed lock, in a statement
-			// of its own: the batch's read then takes its snapshot after
-			// every locked-mode writer and every sealing round before it
-			// has committed, and those after it wait for this commit (see
-			// the package doc's # Backfill).
+			// The table's lock, the write lock shared, then the feed
+			// lock, in a statement of its own: the batch's read then takes
+			// its snapshot after every locked-mode writer and every
+			// sealing round before it has committed, and those after it
+			// wait for this commit (see the package doc's # Backfill).
+			if _, err := tx.Exec(ctx, st.table); err != nil {
+				return fail("locking table "+c.table, err)
+			}
 			if _, err := tx.Exec(ctx, st.share, key); err != nil {
 				return fail("taking the write lock", err)
 			}

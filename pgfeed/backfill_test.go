@@ -618,3 +618,68 @@ func TestBackfillWakesReaders(t *testing.T) {
 		}
 	}
 }
+
+// waitBlockedOn waits until a backend whose statement starts with prefix
+// waits for a lock.
+func (e capEnv) waitBlockedOn(t *testing.T, prefix string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var waiting bool
+		err := e.d.pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND wait_event_type = 'Lock' AND starts_with(query, $1) AND strpos(query, $2) > 0)`,
+			prefix, `"`+e.d.schema+`".`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no statement %q came to wait for a lock", prefix)
+}
+
+// TestBackfillBeforeATruncate: a locked-mode writer holds the feed lock;
+// an in-place backfill comes to wait for it, and a TRUNCATE of the table
+// is run. Both must succeed, the TRUNCATE after the batch, and the feed
+// end equal to the table. A batch that took the write lock before the
+// table's lock would hold it shared while the TRUNCATE, holding the
+// table, waited for it exclusive in its trigger; the batch's read would
+// then wait for the table, and PostgreSQL would end the deadlock by
+// failing one of them.
+func TestBackfillBeforeATruncate(t *testing.T) {
+	t.Parallel()
+	e, table := backfillEnv(t, 10)
+	ctx := t.Context()
+	g, err := e.d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = g.Rollback(context.Background()) }()
+	if _, err := g.Exec(ctx, `INSERT INTO `+e.q("feed_generations")+` AS g (feed) VALUES ('t') ON CONFLICT (feed) DO UPDATE SET head = g.head`); err != nil {
+		t.Fatal(err)
+	}
+	backfilled := make(chan error, 1)
+	go func() {
+		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Progress: func(pgfeed.BackfillProgress) {}})
+		backfilled <- err
+	}()
+	e.waitBlocked(t)
+	truncated := make(chan error, 1)
+	go func() {
+		_, err := e.d.pool.Exec(ctx, `TRUNCATE `+e.q("t"))
+		truncated <- err
+	}()
+	e.waitBlockedOn(t, "TRUNCATE")
+	if err := g.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-backfilled; err != nil {
+		t.Errorf("Backfill: %v", err)
+	}
+	if err := <-truncated; err != nil {
+		t.Errorf("TRUNCATE: %v", err)
+	}
+	e.same(t, "a backfill, then a TRUNCATE", "t", e.want(t, table))
+}

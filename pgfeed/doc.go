@@ -472,7 +472,10 @@
 //
 // Each batch records its position (the last key's columns) in the same
 // transaction, so a backfill killed at any point resumes after the last
-// committed batch and copies no row twice.
+// committed batch and copies no row twice. A batch, and a new generation's
+// copy on a single connection, takes the table's lock before any of the
+// feed's, in the order a writer, a TRUNCATE and Uncapture take them, so it
+// never deadlocks with them.
 //
 // With NewGeneration the copy is the table-shaped rebuild: sinks see the new
 // generation complete or not at all. A transaction takes the feed lock (in
@@ -500,8 +503,14 @@
 // could not). A copy that fails leaves the feed as it was: its store is
 // entered in the stores table before a row is written, and its rows are
 // deleted by the backfill itself or, if it died, by the next backfill as a
-// new generation of the feed. On a single connection the copy runs in the
-// locking transaction, after deleting the feed's rows.
+// new generation of the feed. The workers take the table's lock only after
+// the locking transaction holds the write lock, so a TRUNCATE, an
+// Uncapture or an ALTER of the table that comes in between would wait for
+// that transaction while the workers wait behind it, a cycle through the
+// backfill's own code that PostgreSQL cannot see; a worker's lock wait is
+// therefore bounded (5 s), and the backfill fails, the feed as it was,
+// letting the other session go on. On a single connection the copy runs in
+// the locking transaction, after deleting the feed's rows.
 //
 // # For implementers
 //

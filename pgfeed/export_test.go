@@ -58,3 +58,7 @@ func SealRoundGated(ctx context.Context, s *Store, f feed.FeedName, locked chan<
 	})
 	return int(n), err
 }
+
+// WriteLockKey is the advisory key of f's write lock under s, for tests
+// that hold the lock as a writer would.
+func WriteLockKey(s *Store, f feed.FeedName) int64 { return s.writeKey(f) }

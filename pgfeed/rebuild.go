@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
@@ -20,6 +22,18 @@ import (
 // 1.4–1.6 times one's rate on the 2-core machine of BENCHMARKS.md: the copy
 // is bound by the server's CPU, so more than its cores gain nothing.
 const DefaultBackfillWorkers = 2
+
+// copyLockTimeout bounds each lock wait of a worker of a backfill as a new
+// generation. A worker takes the table's lock after the coordinator holds
+// the feed's write lock, so a TRUNCATE, an Uncapture or an ALTER of the
+// table that came in between queues for the table behind the
+// coordinator's own lock, the worker queues behind it, and the coordinator
+// waits for the worker in Go, where no deadlock detector sees it: without
+// a bound, that would hold every captured writer of the feed for ever.
+// Nothing else a worker does waits for a lock (it writes rows no one else
+// knows of), so a wait this long is that, and the backfill fails, leaving
+// the feed as it was, and lets the other session go on.
+const copyLockTimeout = 5 * time.Second
 
 // sweepBatch is how many rows of a store no feed points at one statement
 // deletes, each in a transaction of its own, so that deleting a large one
@@ -134,6 +148,9 @@ RETURNING g.generation, g.head`, f).Scan(&gen, &head); err != nil {
 		if err == nil {
 			_, err = tx.Exec(ctx, `SET TRANSACTION SNAPSHOT `+quoteLiteral(snapshot))
 		}
+		if err == nil {
+			_, err = tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, copyLockTimeout.Milliseconds()))
+		}
 		if err != nil {
 			if tx != nil {
 				_ = tx.Rollback(ctx)
@@ -143,11 +160,23 @@ RETURNING g.generation, g.head`, f).Scan(&gen, &head); err != nil {
 		txs[i] = tx
 	}
 
+	// abandon ends a copy that failed with err as what: the rows the
+	// workers wrote go with the store, and a lock timeout says what it
+	// means.
+	abandon := func(what string, err error) error {
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" {
+			err = fmt.Errorf("a worker waited more than %v for a lock on table %s, which another session (a TRUNCATE, ALTER TABLE or Uncapture of it, say) asked for after the copy held the feed's writers back; the feed is as it was, run the backfill again: %w", copyLockTimeout, c.table, err)
+		}
+		if swept := s.sweepStores(context.WithoutCancel(ctx), coord, f, "filling"); swept == nil {
+			_ = coord.Commit(context.WithoutCancel(ctx))
+		}
+		return fail(what, err)
+	}
 	// The shares: worker i copies the rows from the one at offset
 	// total*i/n, in key order, up to the next share's first.
 	var total int64
 	if err := txs[0].QueryRow(ctx, `SELECT count(*) FROM `+c.table).Scan(&total); err != nil {
-		return res, fail("counting the rows of "+c.table, err)
+		return res, abandon("counting the rows of "+c.table, err)
 	}
 	st := s.rebuildStatements(c)
 	type share struct {
@@ -164,7 +193,7 @@ RETURNING g.generation, g.head`, f).Scan(&gen, &head); err != nil {
 		var from []string
 		if i > 0 {
 			if err := txs[0].QueryRow(ctx, st.keyAt, at).Scan(&from); err != nil {
-				return res, fail("finding where a share of "+c.table+" starts", err)
+				return res, abandon("finding where a share of "+c.table+" starts", err)
 			}
 		}
 		shares = append(shares, share{from: from, base: at})
@@ -222,10 +251,7 @@ RETURNING g.generation, g.head`, f).Scan(&gen, &head); err != nil {
 	wg.Wait()
 	if err := first; err != nil {
 		// Whatever the workers committed goes with the store.
-		if swept := s.sweepStores(context.WithoutCancel(ctx), coord, f, "filling"); swept == nil {
-			_ = coord.Commit(context.WithoutCancel(ctx))
-		}
-		return res, fail("copying the table", err)
+		return res, abandon("copying the table", err)
 	}
 
 	// The move: the capture must be the one the copy read.

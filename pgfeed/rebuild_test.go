@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -223,5 +224,76 @@ func TestBackfillNewGenerationSmallPool(t *testing.T) {
 	e.same(t, "on one connection", "t", e.want(t, table))
 	if rows, entries := e.strays(t); rows != 0 || entries != 0 {
 		t.Fatalf("%d rows lie under %d stores no feed points at; want none", rows, entries)
+	}
+}
+
+// TestBackfillNewGenerationYieldsToATruncate: a writer holds the feed's
+// write lock shared, so a backfill as a new generation takes the table's
+// lock and waits for it; a TRUNCATE of the table then waits for the
+// table, and the writer commits. The copy's workers, which ask for the
+// table after it, queue behind the TRUNCATE, which waits for the
+// coordinator, which waits for the workers outside PostgreSQL's sight: the
+// backfill must give up, saying why, and leave the feed as it was, and the
+// TRUNCATE must then go on. Without the bound on the workers' lock waits
+// all three wait for ever (here, until the test's deadline), and with
+// them every captured writer of the feed.
+func TestBackfillNewGenerationYieldsToATruncate(t *testing.T) {
+	t.Parallel()
+	e, table := backfillEnv(t, 100)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	y, err := e.d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = y.Rollback(context.Background()) }()
+	if _, err := y.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1::bigint)`, pgfeed.WriteLockKey(e.s, "t")); err != nil {
+		t.Fatal(err)
+	}
+	backfilled := make(chan error, 1)
+	go func() {
+		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", NewGeneration: true, Progress: func(pgfeed.BackfillProgress) {}})
+		backfilled <- err
+	}()
+	// The coordinator waits for the write lock exclusive.
+	key := pgfeed.WriteLockKey(e.s, "t")
+	deadline := time.Now().Add(20 * time.Second)
+	for waiting := false; !waiting; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the backfill never came to wait for the write lock")
+		}
+		if err := e.d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND mode = 'ExclusiveLock' AND (classid::bigint << 32 | objid::bigint) = $1::bigint)`, key).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	truncated := make(chan error, 1)
+	go func() {
+		_, err := e.d.pool.Exec(ctx, `TRUNCATE `+e.q("t"))
+		truncated <- err
+	}()
+	e.waitBlockedOn(t, "TRUNCATE")
+	gen, _ := e.head(t, "t")
+	if err := y.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-backfilled
+	var failed *feed.WriteFailedError
+	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "waited more than") {
+		t.Fatalf("Backfill = %v; want a WriteFailedError saying a worker waited for a lock", err)
+	}
+	if err := <-truncated; err != nil {
+		t.Fatalf("TRUNCATE: %v", err)
+	}
+	if g, _ := e.head(t, "t"); g != gen+1 {
+		t.Fatalf("generation %d after the TRUNCATE; want %d, the one before the backfill and the TRUNCATE's move", g, gen+1)
+	}
+	e.same(t, "a backfill that gave up, then a TRUNCATE", "t", e.want(t, table))
+	var strays int
+	if err := e.d.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.q("feed_stores")+` WHERE feed = 't' AND state = 'filling'`).Scan(&strays); err != nil {
+		t.Fatal(err)
+	}
+	if strays != 0 {
+		t.Fatalf("%d filling stores left; the failed copy's should be deleted", strays)
 	}
 }
