@@ -227,53 +227,89 @@ func TestBackfillNewGenerationSmallPool(t *testing.T) {
 	}
 }
 
-// TestBackfillNewGenerationYieldsToATruncate: a writer holds the feed's
-// write lock shared, so a backfill as a new generation takes the table's
-// lock and waits for it; a TRUNCATE of the table then waits for the
-// table, and the writer commits. The copy's workers, which ask for the
-// table after it, queue behind the TRUNCATE, which waits for the
-// coordinator, which waits for the workers outside PostgreSQL's sight: the
-// backfill must give up, saying why, and leave the feed as it was, and the
-// TRUNCATE must then go on. Without the bound on the workers' lock waits
-// all three wait for ever (here, until the test's deadline), and with
-// them every captured writer of the feed.
-func TestBackfillNewGenerationYieldsToATruncate(t *testing.T) {
+// TestBackfillNewGenerationYields: a writer holds the feed's write lock
+// shared, so a backfill as a new generation waits for it; a TRUNCATE of
+// the table (or an Uncapture of the feed) then takes the table and waits
+// for the write lock behind the backfill, and the writer commits. The
+// copy's workers, which ask for the table after that, wait for the other
+// session, which waits for the coordinator, which waits for the workers
+// outside PostgreSQL's sight: the backfill must give up, saying why, and
+// leave the feed as it was, and the other session must then go on.
+// Without the bound on the workers' lock waits all three wait for ever
+// (here, until the test's deadline), and with them every captured writer
+// of the feed.
+func TestBackfillNewGenerationYields(t *testing.T) {
 	t.Parallel()
+	for _, c := range []struct {
+		name string
+		// other is the other session's work; then checks what it left.
+		other func(ctx context.Context, e capEnv) error
+		then  func(t *testing.T, e capEnv, gen feed.Generation, table string)
+	}{
+		{"to a TRUNCATE", func(ctx context.Context, e capEnv) error {
+			_, err := e.d.pool.Exec(ctx, `TRUNCATE `+e.q("t"))
+			return err
+		}, func(t *testing.T, e capEnv, gen feed.Generation, table string) {
+			if g, _ := e.head(t, "t"); g != gen+1 {
+				t.Fatalf("generation %d after the TRUNCATE; want %d, the one before the backfill and the TRUNCATE's move", g, gen+1)
+			}
+			e.same(t, "a backfill that gave up, then a TRUNCATE", "t", e.want(t, table))
+		}},
+		{"to an Uncapture", func(ctx context.Context, e capEnv) error {
+			found, err := e.s.Uncapture(ctx, "t")
+			if err == nil && !found {
+				err = errors.New("Uncapture found no capture")
+			}
+			return err
+		}, func(t *testing.T, e capEnv, gen feed.Generation, _ string) {
+			if g, h := e.head(t, "t"); g != gen || h != 0 {
+				t.Fatalf("generation %d, head %d after the backfill gave up; want %d and 0, as before", g, h, gen)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			backfillYields(t, c.other, c.then)
+		})
+	}
+}
+
+func backfillYields(t *testing.T, other func(context.Context, capEnv) error, then func(*testing.T, capEnv, feed.Generation, string)) {
 	e, table := backfillEnv(t, 100)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	key := pgfeed.WriteLockKey(e.s, "t")
 	y, err := e.d.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = y.Rollback(context.Background()) }()
-	if _, err := y.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1::bigint)`, pgfeed.WriteLockKey(e.s, "t")); err != nil {
+	if _, err := y.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1::bigint)`, key); err != nil {
 		t.Fatal(err)
 	}
+	// waiters waits until n sessions wait for the write lock exclusive.
+	waiters := func(n int, what string) {
+		deadline := time.Now().Add(20 * time.Second)
+		for got := 0; got < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never came to wait for the write lock", what)
+			}
+			if err := e.d.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+				AND mode = 'ExclusiveLock' AND (classid::bigint << 32 | objid::bigint) = $1::bigint`, key).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	gen, _ := e.head(t, "t")
 	backfilled := make(chan error, 1)
 	go func() {
 		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", NewGeneration: true, Progress: func(pgfeed.BackfillProgress) {}})
 		backfilled <- err
 	}()
-	// The coordinator waits for the write lock exclusive.
-	key := pgfeed.WriteLockKey(e.s, "t")
-	deadline := time.Now().Add(20 * time.Second)
-	for waiting := false; !waiting; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the backfill never came to wait for the write lock")
-		}
-		if err := e.d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-			AND mode = 'ExclusiveLock' AND (classid::bigint << 32 | objid::bigint) = $1::bigint)`, key).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-	}
-	truncated := make(chan error, 1)
-	go func() {
-		_, err := e.d.pool.Exec(ctx, `TRUNCATE `+e.q("t"))
-		truncated <- err
-	}()
-	e.waitBlockedOn(t, "TRUNCATE")
-	gen, _ := e.head(t, "t")
+	waiters(1, "the backfill")
+	done := make(chan error, 1)
+	go func() { done <- other(ctx, e) }()
+	waiters(2, "the other session")
 	if err := y.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -282,13 +318,10 @@ func TestBackfillNewGenerationYieldsToATruncate(t *testing.T) {
 	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "waited more than") {
 		t.Fatalf("Backfill = %v; want a WriteFailedError saying a worker waited for a lock", err)
 	}
-	if err := <-truncated; err != nil {
-		t.Fatalf("TRUNCATE: %v", err)
+	if err := <-done; err != nil {
+		t.Fatalf("the other session: %v", err)
 	}
-	if g, _ := e.head(t, "t"); g != gen+1 {
-		t.Fatalf("generation %d after the TRUNCATE; want %d, the one before the backfill and the TRUNCATE's move", g, gen+1)
-	}
-	e.same(t, "a backfill that gave up, then a TRUNCATE", "t", e.want(t, table))
+	then(t, e, gen, table)
 	var strays int
 	if err := e.d.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.q("feed_stores")+` WHERE feed = 't' AND state = 'filling'`).Scan(&strays); err != nil {
 		t.Fatal(err)
