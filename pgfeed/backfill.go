@@ -18,10 +18,11 @@ const (
 	// DefaultBackfillBatch is how many rows one backfill batch copies. A
 	// batch holds the feed lock while it reads and writes, so captured
 	// writers of the table in the locked mode (in the concurrent mode, the
-	// sealer's rounds, not the writers) wait at most one batch (5000 rows took 0.1–0.3 s
-	// on the 2-core machine of BENCHMARKS.md); smaller batches wait less
-	// and copy slower, since each costs a commit and four round trips
-	// (1000-row batches copied about a quarter fewer rows a second).
+	// sealer's rounds, not the writers) wait at most one batch (5000 rows
+	// took 0.1–0.3 s on the 2-core machine of BENCHMARKS.md); smaller
+	// batches wait less and copy slower, since each costs a commit and a
+	// few round trips (1000-row batches copied about a quarter fewer rows
+	// a second).
 	DefaultBackfillBatch = 5000
 	// DefaultBackfillLogEvery is how often the default progress report
 	// logs.
@@ -97,8 +98,8 @@ type backfillSQL struct {
 	// does), so neither a switch of the write mode nor a reset, nor
 	// Uncapture, each of which takes it exclusive, runs under a batch.
 	share string
-	// mode reads the write mode, generation and head.
-	mode string
+	// head reads the feed's head.
+	head string
 	// lock takes the feed lock, the generations row that locked-mode
 	// writers and sealing rounds take (creating it if need be), and
 	// returns the generation, the head, and whether the feed still has a
@@ -233,7 +234,7 @@ ON CONFLICT (feed) DO UPDATE SET head = g.head
 RETURNING g.generation, g.head, EXISTS (SELECT FROM ` + s.names.table("captures") + ` WHERE feed = $1::text)`,
 		table: c.lockTable(),
 		share: `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
-		mode:  `SELECT coalesce(max(write_mode), 'locked'), coalesce(max(generation), 1), coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
+		head:  `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
 		first: inPlace(""),
 		next:  inPlace(after),
 	}
@@ -411,9 +412,8 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 					break
 				}
 			}
-			var mode string
-			var g, h int64
-			if err := tx.QueryRow(ctx, st.mode, f).Scan(&mode, &g, &h); err != nil {
+			var h int64
+			if err := tx.QueryRow(ctx, st.head, f).Scan(&h); err != nil {
 				return fail("reading the head", err)
 			}
 			res.Head = feed.Seq(h)
