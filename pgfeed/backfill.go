@@ -16,13 +16,15 @@ import (
 // Defaults of BackfillOptions.
 const (
 	// DefaultBackfillBatch is how many rows one backfill batch copies. A
-	// batch holds the feed lock while it reads and writes, so captured
-	// writers of the table in the locked mode (in the concurrent mode, the
-	// sealer's rounds, not the writers) wait at most one batch (5000 rows
-	// took 0.1–0.3 s on the 2-core machine of BENCHMARKS.md); smaller
-	// batches wait less and copy slower, since each costs a commit and a
-	// few round trips (1000-row batches copied about a quarter fewer rows
-	// a second).
+	// batch on one connection holds the feed lock while it reads and
+	// writes, so captured writers of the table in the locked mode (in the
+	// concurrent mode, the sealer's rounds, not the writers) wait at most
+	// one batch (5000 rows took 0.1–0.3 s on the 2-core machine of
+	// BENCHMARKS.md); batches copied from several connections hold it only
+	// to reserve their seqs, and rounds wait for the batches under way.
+	// Smaller batches wait less and copy slower, since each costs a commit
+	// and a few round trips (1000-row batches copied about a quarter fewer
+	// rows a second).
 	DefaultBackfillBatch = 5000
 	// DefaultBackfillLogEvery is how often the default progress report
 	// logs.
@@ -46,12 +48,16 @@ type BackfillOptions struct {
 	// the package doc's # Backfill). Defaults to false: in place, batch by
 	// batch, resumable.
 	NewGeneration bool
-	// Workers is how many connections copy a new generation at once, when
-	// the store's DBTX is a *pgxpool.Pool (one is kept for the transaction
-	// that moves the generation, so at most the pool's MaxConns less one
-	// copy). Must not be negative. Defaults to DefaultBackfillWorkers. On
-	// another DBTX, a new generation is copied in the one transaction that
-	// moves it.
+	// Workers is how many connections copy at once, when the store's DBTX
+	// is a *pgxpool.Pool: a new generation's shares of the table (one more
+	// connection is kept for the transaction that moves the generation), or
+	// an in-place backfill's (one more reserves the batches' seqs), so at
+	// most the pool's MaxConns less one copy. An in-place run splits the
+	// table into this many shares when it starts, and a run that resumes
+	// keeps its shares. Must not be negative. Defaults to
+	// DefaultBackfillWorkers. On another DBTX, a new generation is copied in
+	// the one transaction that moves it, and an in-place backfill one batch
+	// at a time.
 	Workers int
 	// Progress is called after every batch, and once at the end with Done
 	// set. Defaults to an Info log line through the store's Logger at most
@@ -105,14 +111,16 @@ type backfillSQL struct {
 	// returns the generation, the head, and whether the feed still has a
 	// capture.
 	lock string
-	// first and next copy one in-place batch ($1 the feed, $2 the batch
-	// size, $3 the channel, $4 the write lock's key), from the start or
-	// after the position $5, write it sealed as the locked mode's write
-	// function would, and record the progress, in one statement, in
-	// either write mode (see the package doc's # Backfill).
-	first, next string
-	// firstFresh and nextFresh are first and next for a backfill as a new
-	// generation, in either mode: the reset emptied the feed and holds
+	// reserve hands $2 seqs of feed $1 to the batch whose transaction is
+	// $3 (see inPlaceRun.parallel): it takes the feed lock, moves the head
+	// past them, enters them in the reserved table, and returns the
+	// generation and the first of them. sweepReserved deletes the
+	// reservations of feed $1 whose batches ended.
+	reserve, sweepReserved string
+	// firstFresh and nextFresh copy a batch of a backfill as a new
+	// generation from the start or after the position $5 ($1 the feed, $2
+	// the batch size, $3 the channel, $4 the write lock's key), in either
+	// mode: the reset emptied the feed and holds
 	// every writer back, and a capture's keys are unique in its table, so
 	// each batch inserts its rows with their seqs, no upsert. A batch
 	// holding a row the feed refuses hands those rows to the write
@@ -188,44 +196,6 @@ func (s *Store) backfillStatements(c *capture) backfillSQL {
 )
 SELECT n.rows, (SELECT head FROM g), (SELECT rows FROM p), n.last, (SELECT refused FROM x) FROM n`
 	}
-	// inPlace is an in-place batch, in either write mode: the locked
-	// write function's upsert written out in the batch's own statement,
-	// over the rows the batch read, so that no array of keys and documents
-	// is built for the function and unnested again (the batch copied at
-	// about half the rate through it). The rules are the function's: the
-	// head moves by the batch's rows, each key's row is replaced with the
-	// next seq, a NULL document is a tombstone, one notify; a batch holding
-	// a row the feed refuses hands those rows to the function, which
-	// refuses them before it writes anything, in either mode.
-	inPlace := func(where string) string {
-		return `WITH b AS MATERIALIZED (
-	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
-	FROM ` + c.table + ` AS r` + where + `
-	ORDER BY ` + strings.Join(tuple, ", ") + `
-	LIMIT $2::bigint
-), n AS (
-	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
-), x AS (
-	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text, $4::bigint) AS refused
-	FROM b WHERE b.key IS NULL OR b.key = '' OR octet_length(b.key) > 512 OR b.doc = 'null'::jsonb
-	HAVING count(*) > 0
-), g AS (
-	UPDATE ` + s.names.generations + ` AS g SET head = g.head + n.rows FROM n WHERE g.feed = $1::text AND n.rows > 0
-	RETURNING g.head, coalesce(g.store, g.feed) AS store
-), w AS (
-	INSERT INTO ` + s.names.rows + ` AS r (feed, key, seq, doc, deleted_at)
-	SELECT g.store, o.key, g.head - n.rows + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END
-	FROM (SELECT b.key, b.doc, row_number() OVER () AS ord FROM b) AS o, g, n
-	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
-), p AS (
-	UPDATE ` + s.names.table("backfills") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
-		updated_at = clock_timestamp(), finished_at = CASE WHEN n.rows < $2::bigint THEN clock_timestamp() END
-	FROM n WHERE f.feed = $1::text
-	RETURNING f.rows
-)
-SELECT n.rows, (SELECT head FROM g), (SELECT rows FROM p), n.last, (SELECT refused FROM x),
-	(SELECT count(pg_notify($3::text, $1::text)) FROM g) FROM n`
-	}
 	return backfillSQL{
 		firstFresh: fresh(""),
 		nextFresh:  fresh(after),
@@ -235,8 +205,15 @@ RETURNING g.generation, g.head, EXISTS (SELECT FROM ` + s.names.table("captures"
 		table: c.lockTable(),
 		share: `SELECT pg_advisory_xact_lock_shared($1::bigint)`,
 		head:  `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
-		first: inPlace(""),
-		next:  inPlace(after),
+		reserve: `WITH g AS (
+	UPDATE ` + g + ` AS g SET head = g.head + $2::bigint WHERE g.feed = $1::text
+	RETURNING g.generation, g.head
+), v AS (
+	INSERT INTO ` + s.names.table("reserved") + ` (feed, first_seq, last_seq, xid)
+	SELECT $1::text, g.head - $2::bigint + 1, g.head, $3::text::xid8 FROM g
+)
+SELECT g.generation, g.head - $2::bigint + 1 FROM g`,
+		sweepReserved: `DELETE FROM ` + s.names.table("reserved") + ` WHERE feed = $1::text AND pg_visible_in_snapshot(xid, pg_current_snapshot())`,
 	}
 }
 
@@ -244,8 +221,9 @@ RETURNING g.generation, g.head, EXISTS (SELECT FROM ` + s.names.table("captures"
 // batches in the order of the capture's key, while the table's writers go
 // on; see the package doc's # Backfill for why a writer's change always
 // wins over the copy of the same row. In place (the default), each batch
-// commits with its position, and a backfill that stopped (a crash, ctx
-// cancelled) resumes there when run again; one that finished starts over.
+// commits with its share's position, and a backfill that stopped (a crash,
+// ctx cancelled) resumes there when run again; one that finished starts
+// over.
 // With NewGeneration the copy is one transaction that moves the feed to a
 // new generation. It returns when the table is copied, or with ctx's error
 // (the batch in flight rolled back).
@@ -308,31 +286,19 @@ func (s *Store) Backfill(ctx context.Context, opts BackfillOptions) (BackfillRes
 		}
 		progress(p)
 	}
-	// batch runs one batch in tx, which holds the feed lock, and says
-	// whether the table is copied; fresh says the batch is a new
-	// generation's (firstFresh, nextFresh).
+	// batch runs one batch of a new generation in tx, which holds the feed
+	// lock, and says whether the table is copied.
 	key := s.writeKey(opts.Feed)
-	batch := func(tx pgx.Tx, fresh bool) (bool, error) {
-		q, args := st.first, []any{f, int64(opts.BatchSize), s.names.channel, key}
-		if fresh {
-			q = st.firstFresh
-		}
+	batch := func(tx pgx.Tx) (bool, error) {
+		q, args := st.firstFresh, []any{f, int64(opts.BatchSize), s.names.channel, key}
 		if position != nil {
-			q, args = st.next, append(args, position)
-			if fresh {
-				q = st.nextFresh
-			}
+			q, args = st.nextFresh, append(args, position)
 		}
 		var n int64
 		var head, rows *int64
 		var last []string
 		var refused *int64
-		dest := []any{&n, &head, &rows, &last, &refused}
-		var notified int64
-		if !fresh {
-			dest = append(dest, &notified)
-		}
-		if err := tx.QueryRow(ctx, q, args...).Scan(dest...); err != nil {
+		if err := tx.QueryRow(ctx, q, args...).Scan(&n, &head, &rows, &last, &refused); err != nil {
 			return false, fail("copying a batch", err)
 		}
 		if refused != nil {
@@ -403,7 +369,7 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 			// writer that changed a row and waits for the lock in its
 			// trigger would deadlock with a read that waits for its row).
 			for {
-				done, err := batch(tx, true)
+				done, err := batch(tx)
 				if err != nil {
 					return err
 				}
@@ -427,65 +393,55 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 	}
 
 	// In place: resume an unfinished run of the same capture version, or
-	// start one.
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		var version string
-		var finished *time.Time
-		err := tx.QueryRow(ctx, `SELECT version, position, rows, finished_at FROM `+bf+` WHERE feed = $1::text FOR UPDATE`, f).Scan(&version, &position, &res.Rows, &finished)
-		switch {
-		case err != nil && !errors.Is(err, pgx.ErrNoRows):
-			return fail("reading the backfill's progress", err)
-		case err == nil && finished == nil && version == c.version:
-			res.Resumed = true
-			return nil
-		}
-		position, res.Rows = nil, 0
-		_, err = tx.Exec(ctx, `INSERT INTO `+bf+` AS b (feed, version) VALUES ($1::text, $2::text)
-ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, rows = 0,
-	started_at = clock_timestamp(), updated_at = clock_timestamp(), finished_at = NULL`, f, c.version)
-		if err != nil {
-			return fail("recording the backfill", err)
-		}
-		return nil
-	})
+	// start one, split into a share for each connection that copies.
+	workers := 1
+	pool, onPool := s.db.(*pgxpool.Pool)
+	if onPool {
+		workers = max(1, min(opts.Workers, int(pool.Config().MaxConns)-1))
+	}
+	shares, resumed, err := s.startInPlace(ctx, opts, c, total, workers, fail)
 	if err != nil {
 		return BackfillResult{}, err
 	}
-	for {
-		var done bool
-		err := readCommitted(func(tx pgx.Tx) error {
-			// The table's lock, the write lock shared, then the feed
-			// lock, in a statement of its own: the batch's read then takes
-			// its snapshot after every locked-mode writer and every
-			// sealing round before it has committed, and those after it
-			// wait for this commit (see the package doc's # Backfill).
-			if _, err := tx.Exec(ctx, st.table); err != nil {
-				return fail("locking table "+c.table, err)
-			}
-			if _, err := tx.Exec(ctx, st.share, key); err != nil {
-				return fail("taking the write lock", err)
-			}
-			var gen, head int64
-			var captured bool
-			if err := tx.QueryRow(ctx, st.lock, f).Scan(&gen, &head, &captured); err != nil {
-				return fail("taking the feed lock", err)
-			}
-			if !captured {
-				return feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
-			}
-			res.Generation, res.Head = feed.Generation(gen), feed.Seq(head)
-			var err error
-			done, err = batch(tx, false)
-			return err
-		})
-		if err != nil {
-			return res, err
-		}
+	r := &inPlaceRun{s: s, ctx: ctx, opts: opts, c: c, st: st, fail: fail, shares: shares}
+	r.res.Resumed = resumed
+	for _, sh := range shares {
+		r.res.Rows += sh.rows
+	}
+	r.report = func(done bool) {
+		res, copied = r.res, r.copied
 		report(done)
-		if done {
-			return res, nil
+	}
+	unfinished := 0
+	for _, sh := range shares {
+		if !sh.done {
+			unfinished++
 		}
 	}
+	if onPool && workers > 1 && unfinished > 1 {
+		err = r.parallel(pool)
+	} else {
+		for _, sh := range shares {
+			if err = r.locked(sh); err != nil {
+				break
+			}
+		}
+	}
+	if err == nil {
+		err = r.finish()
+	}
+	if err != nil {
+		return r.res, err
+	}
+	if r.res.Generation, err = s.Generation(ctx, opts.Feed); err == nil {
+		r.res.Head, err = s.Head(ctx, opts.Feed)
+	}
+	if err != nil {
+		return r.res, err
+	}
+	res = r.res
+	report(true)
+	return res, nil
 }
 
 // installedCapture is f's capture as installed, resolved again (its spec

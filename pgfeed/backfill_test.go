@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -321,18 +322,73 @@ func TestBackfillKeepsARowCollectedUnderIt(t *testing.T) {
 
 // TestBackfillRacingWriters: writers update, delete, insert and move (change
 // the key of) rows all over the table (before, at and after the backfill's
-// position) while it runs in small batches; the feed ends equal to the
-// table, row for row. In the
-// concurrent mode a sealer runs all along, so a key's copy and its writers'
-// writes are sealed in every interleaving.
+// position) while it runs in small batches, with one worker and with two;
+// the feed ends equal to the table, row for row, and so does a reader that
+// followed the feed all along, batch after batch from its last seq, as a
+// sink's worker does: with two workers a batch's rows commit below seqs a
+// writer has already committed, and a reader that passed them would never
+// read them. In the concurrent mode a sealer runs all along, so a key's
+// copy and its writers' writes are sealed in every interleaving.
 func TestBackfillRacingWriters(t *testing.T) {
-	inBothModes(t, backfillRacingWriters)
+	inBothModes(t, func(t *testing.T, m capMode) {
+		for _, workers := range []int{1, 2} {
+			t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+				t.Parallel()
+				backfillRacingWriters(t, m, workers)
+			})
+		}
+	})
 }
 
-func backfillRacingWriters(t *testing.T, m capMode) {
+// follow reads feed f from its start until stop is closed, and then once
+// more to its end after settled is closed, applying each batch to a copy
+// of the feed's live documents, which it returns.
+func (e capEnv) follow(t *testing.T, f feed.FeedName, stop, settled <-chan struct{}) <-chan map[string]string {
+	out := make(chan map[string]string, 1)
+	go func() {
+		copy := map[string]string{}
+		var after feed.Seq
+		final := false
+		for {
+			b, err := e.s.ReadBatch(t.Context(), f, after, feed.BatchLimit{Records: 200})
+			if err != nil {
+				t.Error(err)
+				out <- nil
+				return
+			}
+			for _, r := range b.Records {
+				if r.Doc == nil {
+					delete(copy, string(r.Key))
+				} else {
+					copy[string(r.Key)] = string(r.Doc)
+				}
+				after = r.Seq
+			}
+			if b.More {
+				continue
+			}
+			if final {
+				out <- copy
+				return
+			}
+			select {
+			case <-stop:
+				<-settled
+				final = true
+			default:
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	return out
+}
+
+func backfillRacingWriters(t *testing.T, m capMode, workers int) {
 	const rows = 3000
 	e, table := backfillEnvIn(t, rows, m)
 	ctx := t.Context()
+	stopFollowing, settled := make(chan struct{}), make(chan struct{})
+	followed := e.follow(t, "t", stopFollowing, settled)
 	if e.concurrent {
 		sealCtx, stopSealer := context.WithCancel(ctx)
 		sealed := make(chan error, 1)
@@ -341,7 +397,7 @@ func backfillRacingWriters(t *testing.T, m capMode) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var writes atomic.Int64
+	var writes, moved atomic.Int64
 	errs := make(chan error, 8)
 	for w := range 4 {
 		wg.Add(1)
@@ -358,8 +414,9 @@ func backfillRacingWriters(t *testing.T, m capMode) {
 				var err error
 				switch rnd.IntN(5) {
 				case 4:
-					// A key change, to a range no other write touches.
-					_, err = e.d.pool.Exec(ctx, `UPDATE `+e.q("t")+` SET id = id + 100000, v = v || '>' WHERE id = $1`, id)
+					// A key change, to a key no other write takes (a key
+					// moved before could have been inserted again since).
+					_, err = e.d.pool.Exec(ctx, `UPDATE `+e.q("t")+` SET id = $2, v = v || '>' WHERE id = $1`, id, 100000+moved.Add(1))
 				case 0:
 					_, err = e.d.pool.Exec(ctx, `DELETE FROM `+e.q("t")+` WHERE id = $1`, id)
 				case 1:
@@ -376,11 +433,13 @@ func backfillRacingWriters(t *testing.T, m capMode) {
 		}()
 	}
 	var batches atomic.Int64
-	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 50, Progress: func(p pgfeed.BackfillProgress) {
+	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 50, Workers: workers, Progress: func(p pgfeed.BackfillProgress) {
 		batches.Add(1)
 		// The writers start first, so the count the backfill starts with is
-		// near the table's first size, not equal to it.
-		if p.Total < rows-100 || p.Total > rows+100 || p.Rows > rows+200 {
+		// near the table's first size, not equal to it. A copy may also
+		// read rows the writers insert or move ahead of it, one at most a
+		// write.
+		if p.Total < rows-100 || p.Total > rows+100 || p.Rows > rows+200+writes.Load() {
 			t.Errorf("progress %+v; want a total near %d", p, rows)
 		}
 	}})
@@ -397,15 +456,43 @@ func backfillRacingWriters(t *testing.T, m capMode) {
 		t.Fatalf("%d writes raced %d batches; the test needs more of both", writes.Load(), batches.Load())
 	}
 	t.Logf("%d writes raced %d batches, %d rows copied", writes.Load(), batches.Load(), res.Rows)
-	e.same(t, "backfill racing writers", "t", e.want(t, table))
+	close(stopFollowing)
+	want := e.want(t, table)
+	e.same(t, "backfill racing writers", "t", want)
+	close(settled)
+	if got := <-followed; !maps.Equal(got, want) {
+		missing, stale := 0, 0
+		for k, v := range want {
+			if g, ok := got[k]; !ok {
+				missing++
+			} else if g != v {
+				stale++
+			}
+		}
+		t.Fatalf("a reader that followed the feed holds %d keys, the table %d: %d missing, %d stale", len(got), len(want), missing, stale)
+	}
 }
 
 // TestBackfillResumes: a backfill whose backend is killed mid-batch, and
 // then one whose context is cancelled mid-batch, each resume where the last
 // committed batch left off, and the last run finishes with the feed equal to
-// the table, every row copied once (the head counts the copies).
+// the table, every row copied once. With one worker the batches run in
+// turn, so each run records exactly its batches and the head counts the
+// copies; with two, each share resumes at its own position, a batch of the
+// other share may land before the interruption does, and a batch cancelled
+// after its seqs were reserved leaves them unused, so the rows recorded
+// count the copies instead.
 func TestBackfillResumes(t *testing.T) {
 	t.Parallel()
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			backfillResumes(t, workers)
+		})
+	}
+}
+
+func backfillResumes(t *testing.T, workers int) {
 	const rows = 1000
 	e, table := backfillEnv(t, rows)
 	ctx := t.Context()
@@ -420,7 +507,7 @@ func TestBackfillResumes(t *testing.T) {
 		var release func(bool)
 		done := make(chan error, 1)
 		go func() {
-			_, err := e.s.Backfill(rctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Progress: func(pgfeed.BackfillProgress) {
+			_, err := e.s.Backfill(rctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: workers, Progress: func(pgfeed.BackfillProgress) {
 				if n++; n == 3 {
 					release = e.holdFeedLock(t, 1, "rolled back")
 				}
@@ -435,7 +522,8 @@ func TestBackfillResumes(t *testing.T) {
 			t.Fatal("an interrupted backfill returned no error")
 		}
 		var recorded int64
-		if err := e.d.pool.QueryRow(ctx, `SELECT rows FROM `+e.q("feed_backfills")+` WHERE feed = 't' AND finished_at IS NULL`).Scan(&recorded); err != nil {
+		if err := e.d.pool.QueryRow(ctx, `SELECT sum(s.rows) FROM `+e.q("feed_backfill_shares")+` AS s JOIN `+e.q("feed_backfills")+` AS b USING (feed)
+			WHERE feed = 't' AND b.finished_at IS NULL`).Scan(&recorded); err != nil {
 			t.Fatal(err)
 		}
 		return recorded
@@ -446,19 +534,22 @@ func TestBackfillResumes(t *testing.T) {
 		}
 	})
 	cancelled := interrupt(func(_ int32, cancel context.CancelFunc) { cancel() })
-	if killed != 300 || cancelled != 600 {
+	switch {
+	case workers == 1 && (killed != 300 || cancelled != 600):
 		t.Fatalf("the runs recorded %d and then %d rows; want 300 and 600", killed, cancelled)
+	case killed < 300 || cancelled < killed+300 || cancelled >= rows:
+		t.Fatalf("the runs recorded %d and then %d rows; want at least 300, then at least 300 more, and not all %d", killed, cancelled, rows)
 	}
-	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Progress: func(pgfeed.BackfillProgress) {}})
+	res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: workers, Progress: func(pgfeed.BackfillProgress) {}})
 	if err != nil || !res.Resumed || res.Rows != rows {
 		t.Fatalf("the last run = %+v, %v; want %d rows, resumed", res, err, rows)
 	}
 	e.same(t, "resumed backfill", "t", e.want(t, table))
-	if _, h := e.head(t, "t"); h != rows {
+	if _, h := e.head(t, "t"); (workers == 1 && h != rows) || h < rows {
 		t.Fatalf("the head is %d after copying %d rows; want %d, each row copied once", h, rows, rows)
 	}
 	// A finished backfill starts over when run again.
-	again, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Progress: func(pgfeed.BackfillProgress) {}})
+	again, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", Workers: workers, Progress: func(pgfeed.BackfillProgress) {}})
 	if err != nil || again.Resumed || again.Rows != rows {
 		t.Fatalf("a backfill after a finished one = %+v, %v; want a fresh run of %d rows", again, err, rows)
 	}
@@ -569,9 +660,12 @@ func TestBackfillRefusesWhatWriteRefuses(t *testing.T) {
 				g0, _ := e.head(t, "t")
 				_, h0 := e.unsealed(t, "t")
 				// In place, and as a new generation, whose copy is written
-				// by a statement of its own.
+				// by a statement of its own. In place with one worker, so
+				// that the table is one batch: with more, another share's
+				// batch may commit before the refused one fails, as an
+				// earlier batch of one worker does.
 				for _, fresh := range []bool{false, true} {
-					_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, NewGeneration: fresh})
+					_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, NewGeneration: fresh, Workers: 1})
 					if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, feed.ErrWriteFailed) {
 						t.Fatalf("Backfill (new generation %v) over a row the feed refuses = %v; want a write failure saying %q", fresh, err, c.want)
 					}

@@ -1002,7 +1002,7 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 		for _, t := range trigs {
 			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", quoteIdent(t.name), t.table)
 		}
-		fmt.Fprintf(&b, "DROP FUNCTION IF EXISTS %s();\nDELETE FROM %s WHERE feed = %s;\n", fn, s.names.table("backfills"), quoteLiteral(string(f)))
+		fmt.Fprintf(&b, "DROP FUNCTION IF EXISTS %s();\nDELETE FROM %s WHERE feed = %s;\nDELETE FROM %s WHERE feed = %s;\n", fn, s.names.table("backfills"), quoteLiteral(string(f)), s.names.table("backfill_shares"), quoteLiteral(string(f)))
 		if _, err := tx.Exec(ctx, b.String(), pgx.QueryExecModeSimpleProtocol); err != nil {
 			return feed.WriteFailed("removing the capture of feed "+string(f), err)
 		}
@@ -1045,8 +1045,10 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 // writes; Capture closes it.
 func (s *Store) Captures(ctx context.Context) ([]CaptureInfo, error) {
 	rows, err := s.db.Query(ctx, `SELECT c.feed, c.table_schema, c.table_name, c.spec, c.version,
-	b.rows, b.started_at, b.updated_at, b.finished_at, b.version = c.version
+	CASE WHEN b.finished_at IS NULL AND sh.rows IS NOT NULL THEN sh.rows ELSE b.rows END,
+	b.started_at, greatest(b.updated_at, CASE WHEN b.finished_at IS NULL THEN sh.updated END), b.finished_at, b.version = c.version
 FROM `+s.names.table("captures")+` AS c LEFT JOIN `+s.names.table("backfills")+` AS b ON b.feed = c.feed
+LEFT JOIN LATERAL (SELECT sum(x.rows)::bigint AS rows, max(x.updated_at) AS updated FROM `+s.names.table("backfill_shares")+` AS x WHERE x.feed = c.feed) AS sh ON true
 ORDER BY c.feed`)
 	if err != nil {
 		return nil, feed.Unreadable("reading the captures", err)

@@ -470,12 +470,41 @@
 // Uncapture take exclusive, so none of them runs under a batch, and a batch
 // that finds the capture removed fails the backfill.
 //
-// Each batch records its position (the last key's columns) in the same
-// transaction, so a backfill killed at any point resumes after the last
-// committed batch and copies no row twice. A batch, and a new generation's
-// copy on a single connection, takes the table's lock before any of the
-// feed's, in the order a writer, a TRUNCATE and Uncapture take them, so it
-// never deadlocks with them.
+// On a pool, an in-place backfill copies from several connections at once
+// (BackfillOptions.Workers), each a share of the table's key range. Batches
+// of different shares cannot each hold the feed lock while they write, so a
+// batch's seqs are handed out before it reads, by a reservation: a short
+// statement of the backfill's own connection takes the feed lock, moves
+// the head past as many seqs as the batch will copy (counted first), enters
+// them in the reserved table with the batch's transaction, and commits. The
+// batch then reads its rows in a snapshot taken after that, as a locked
+// batch does after its lock, and writes each at its reserved seq unless the
+// key's row is at a higher seq already: a writer, or a round, that took the
+// feed lock after the reservation wrote it, and its change wins. So the
+// trigger's writes still win, but a batch's rows now commit below seqs that
+// later writers may have committed first. Readers therefore stop below the
+// first reserved seq whose transaction had not ended when their read's
+// snapshot was taken: ReadBatch reads no row past it and gives it as the
+// batch's head, and so does Head. A batch deletes its reservation in the
+// transaction that writes its rows, so the two appear together; one that
+// rolls back leaves its seqs unused and its reservation naming a
+// transaction that ended, which holds no reader back. A sealing round
+// waits for the batches under way, and they for it (the round lock): a
+// keyed capture's round seals only keys whose document differs from the
+// feed row it sees, and it would not see a batch's uncommitted row, so a
+// key the table lost after the batch read it would keep the batch's copy.
+// Rows whose key the feed does not hold yet are inserted plainly, which
+// costs about half the upsert; a writer that inserts such a key meanwhile
+// fails the batch with a unique violation, and the batch runs again with
+// the upsert. On a single connection, or with Workers 1, batches take the
+// feed lock in turn as above.
+//
+// Each batch records its share's position (the last key's columns) in the
+// same transaction, so a backfill killed at any point resumes every share
+// after its last committed batch and copies no row twice. A batch, and a
+// new generation's copy on a single connection, takes the table's lock
+// before any of the feed's, in the order a writer, a TRUNCATE and Uncapture
+// take them, so it never deadlocks with them.
 //
 // With NewGeneration the copy is the table-shaped rebuild: sinks see the new
 // generation complete or not at all. A transaction takes the feed lock (in

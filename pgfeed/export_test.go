@@ -43,6 +43,9 @@ func SealRoundHeld(ctx context.Context, s *Store, f feed.FeedName, hold time.Dur
 func SealRoundGated(ctx context.Context, s *Store, f feed.FeedName, locked chan<- struct{}, proceed <-chan struct{}) (int, error) {
 	var n int64
 	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, takeRoundLock, s.roundKey(f)); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.sql.sealLock, string(f)); err != nil {
 			return err
 		}

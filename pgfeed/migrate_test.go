@@ -85,7 +85,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema, TablePrefix: "x_"}); err != nil || len(got) != 0 {
 		t.Fatalf("a later Migrate applied %v, %v; want nothing", got, err)
 	}
-	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfills", "x_captures", "x_changes", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_rows", "x_sealers", "x_stores", "x_switches", "x_unsealed"}) {
+	if got := tables(t, pool, schema); !slices.Equal(got, []string{"x_backfill_shares", "x_backfills", "x_captures", "x_changes", "x_cursors", "x_generations", "x_migrations", "x_parked", "x_reserved", "x_rows", "x_sealers", "x_stores", "x_switches", "x_unsealed"}) {
 		t.Fatalf("tables = %v", got)
 	}
 	var unlogged int
@@ -172,8 +172,8 @@ func TestMigrateRecordsConcurrentFeeds(t *testing.T) {
 	if _, err := pool.Exec(t.Context(), `INSERT INTO `+q+`feed_generations (feed, head, write_mode) VALUES ('c', 1, 'concurrent'), ('l', 1, 'locked')`); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema}); err != nil || !slices.Equal(got, []int{8, 9, 10}) {
-		t.Fatalf("Migrate = %v, %v; want migrations 8, 9 and 10 applied", got, err)
+	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema}); err != nil || !slices.Equal(got, []int{8, 9, 10, 11}) {
+		t.Fatalf("Migrate = %v, %v; want migrations 8 to 11 applied", got, err)
 	}
 	switched := func() []string {
 		t.Helper()

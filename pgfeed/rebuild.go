@@ -368,6 +368,8 @@ SELECT n.rows, n.last, (SELECT refused FROM x), $4::text[] IS NULL AND $5::text[
 	DELETE FROM ` + u + ` WHERE feed = $1::text
 ), x AS (
 	DELETE FROM ` + ch + ` WHERE feed = $1::text
+), h AS (
+	DELETE FROM ` + s.names.table("backfill_shares") + ` WHERE feed = $1::text
 ), b AS (
 	INSERT INTO ` + bf + ` AS b (feed, version, position, rows, finished_at) VALUES ($1::text, $5::text, NULL, $2::bigint, clock_timestamp())
 	ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, rows = excluded.rows,

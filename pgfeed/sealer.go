@@ -239,7 +239,11 @@ type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// sealRound is one round: the feed lock (sealLock), then the seal when
+// takeRoundLock takes a feed's round lock (Store.roundKey) exclusive, a
+// round's first lock.
+const takeRoundLock = `SELECT pg_advisory_xact_lock($1::bigint)`
+
+// sealRound is one round: the round lock and the feed lock (sealLock), then the seal when
 // pending says the feed has unsealed rows and sealChanges when recorded
 // says it has recorded changes (a probe's answers: a source it leaves out
 // waits for the next round), in one transaction. It returns how many
@@ -261,6 +265,7 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorde
 			// default isolation; its first statement sets READ COMMITTED,
 			// which a batch may, before any snapshot is taken.
 			batch.Queue(setReadCommitted)
+			batch.Queue(takeRoundLock, s.roundKey(f))
 			batch.Queue(s.sql.sealLock, string(f))
 			if pending {
 				batch.Queue(s.sql.seal, string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
@@ -280,6 +285,9 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorde
 	}
 	var n int64
 	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, takeRoundLock, s.roundKey(f)); err != nil {
+			return err
+		}
 		var err error
 		n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit))
 		return err

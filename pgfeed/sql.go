@@ -113,7 +113,9 @@ type statements struct {
 	// generation 1.
 	head, generation string
 	// readBatch reads up to $3 rows after seq $2 and, beside them, the
-	// feed's generation and head, in one statement and so one snapshot. The
+	// feed's generation and head, in one statement and so one snapshot.
+	// Both it and head give the head a reader may read up to (readable),
+	// and readBatch reads no row past it. The
 	// two come as one extra row, told apart by its NULL key, that carries the
 	// generation in the seq column and the head, as a JSON number, in the
 	// document column. The batch's own rows are then exactly what a plain
@@ -257,6 +259,20 @@ SELECT generation` + into + ` FROM m`
 // them.
 func (n names) storeOf(feedExpr string) string {
 	return `coalesce((SELECT s_g.store FROM ` + n.generations + ` AS s_g WHERE s_g.feed = ` + feedExpr + `), ` + feedExpr + `)`
+}
+
+// readable is the SQL expression of the head a reader of feedExpr may read
+// up to, given the head headExpr: the head itself, or, while a backfill
+// batch holds reserved seqs (see the reserved table's migration) whose
+// transaction had not ended when the statement's snapshot was taken, the
+// seq before the first of them. Every seq at or below it is either in the
+// snapshot or will never be written, so a reader that moved past it would
+// skip no row; past it, a batch's rows may still commit below seqs a later
+// writer has already committed. It reads the statement's own snapshot, so
+// the bound and the rows a statement reads agree.
+func (n names) readable(headExpr, feedExpr string) string {
+	return `least(` + headExpr + `, (SELECT min(v.first_seq) - 1 FROM ` + n.table("reserved") + ` AS v
+		WHERE v.feed = ` + feedExpr + ` AND NOT pg_visible_in_snapshot(v.xid, pg_current_snapshot())))`
 }
 
 // snapshotTx is true in a transaction whose statements all read the
@@ -475,12 +491,14 @@ RETURNING g.generation`,
 	x AS (DELETE FROM ` + ch + ` WHERE feed = $1::text)
 SELECT pg_notify($2::text, $1::text)`,
 
-		head:       `SELECT coalesce(max(head), 0) FROM ` + g + ` WHERE feed = $1::text`,
+		head:       `SELECT ` + n.readable("coalesce(max(head), 0)", "$1::text") + ` FROM ` + g + ` WHERE feed = $1::text`,
 		generation: `SELECT coalesce(max(generation), 1) FROM ` + g + ` WHERE feed = $1::text`,
-		readBatch: `SELECT NULL::text, m.generation, to_jsonb(m.head)
-FROM (SELECT coalesce(max(generation), 1) AS generation, coalesce(max(head), 0) AS head FROM ` + g + ` WHERE feed = $1::text) AS m
+		readBatch: `WITH m AS (
+	SELECT coalesce(max(generation), 1) AS generation, ` + n.readable("coalesce(max(head), 0)", "$1::text") + ` AS head FROM ` + g + ` WHERE feed = $1::text
+)
+SELECT NULL::text, m.generation, to_jsonb(m.head) FROM m
 UNION ALL
-(SELECT key, seq, doc FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint)`,
+(SELECT key, seq, doc FROM ` + r + ` WHERE feed = ` + n.storeOf("$1::text") + ` AND seq > $2::bigint AND seq <= (SELECT head FROM m) ORDER BY seq LIMIT $3::bigint)`,
 
 		lockSinkXact: `SELECT pg_try_advisory_xact_lock($1::bigint)`,
 		takeRow: `INSERT INTO ` + c + ` AS c (feed, sink, lease_holder, lease_expires_at)

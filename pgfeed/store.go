@@ -356,6 +356,19 @@ func (s *Store) QueueWrite(b *pgx.Batch, f feed.FeedName, changes []feed.Change,
 }
 
 // writeKey is f's write lock (statements.shareWrite), cached per feed.
+// roundKey is the advisory key of f's round lock: a sealing round takes it
+// exclusive before the feed lock, and a batch of an in-place backfill that
+// runs beside other batches takes it shared before its seqs are reserved,
+// holding it to its commit. A round that sealed while such a batch was
+// under way would not see the batch's rows, and a keyed capture's round
+// seals only the keys whose document differs from the feed's: it would
+// find a key the table and the feed both lack (a row deleted since the
+// batch read it) unchanged, and the batch's copy would then stand. Rounds
+// never wait long for it: a batch holds it for one batch.
+func (s *Store) roundKey(f feed.FeedName) int64 {
+	return lockKey("round", s.names.schema, s.names.prefix, string(f))
+}
+
 func (s *Store) writeKey(f feed.FeedName) int64 {
 	if k, ok := s.writeKeys.Load(f); ok {
 		return k.(int64)
@@ -477,7 +490,10 @@ func (s *Store) ResetTx(ctx context.Context, tx pgx.Tx, f feed.FeedName) (feed.G
 	return feed.Generation(gen), nil
 }
 
-// Head returns f's head; see feed.Reader.
+// Head returns f's head; see feed.Reader. While an in-place backfill's
+// batch holds seqs it has not committed, that is the seq before the first
+// of them, which ReadBatch gives too: no reader may pass them yet (see the
+// package doc's # Backfill).
 func (s *Store) Head(ctx context.Context, f feed.FeedName) (feed.Seq, error) {
 	if err := f.Validate(); err != nil {
 		return 0, err

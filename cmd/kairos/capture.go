@@ -297,16 +297,16 @@ func (c *cli) backfillCmd() *cobra.Command {
 		Use:   "backfill FEED",
 		Short: "Copy a captured table's rows into its feed, while writers write",
 		Long: `backfill copies every row of the table FEED captures into the feed, in
-batches in key order, each under the feed lock, so a writer's change always
-wins over the copy (see pgfeed's Backfill). In place (the default) it is
-resumable: run it again after a crash or ^C and it continues where the last
-batch committed. A backfill that finished starts over when run again: it
-copies every row anew, and each is a change every sink applies again.
---new-generation copies into a new generation instead, from --workers
-connections at once: every sink refills and publishes, keys no longer in
-the table are gone from every sink, and the table's writers wait until the
-generation moves (a crash or ^C leaves the feed as it was). Progress goes
-to stderr.`,
+batches in key order, from --workers connections at once, each copying a
+share of the table, and so that a writer's change always wins over the
+copy (see pgfeed's Backfill). In place (the default) it is resumable: run
+it again after a crash or ^C and each share continues where its last batch
+committed. A backfill that finished starts over when run again: it copies
+every row anew, and each is a change every sink applies again.
+--new-generation copies into a new generation instead: every sink refills
+and publishes, keys no longer in the table are gone from every sink, and
+the table's writers wait until the generation moves (a crash or ^C leaves
+the feed as it was). Progress goes to stderr.`,
 		Args: exactArgs(1, "FEED"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := feed.FeedName(args[0])
@@ -351,6 +351,6 @@ to stderr.`,
 	}
 	cmd.Flags().IntVar(&batch, "batch", 0, fmt.Sprintf("rows per batch (default %d)", pgfeed.DefaultBackfillBatch))
 	cmd.Flags().BoolVar(&generation, "new-generation", false, "copy into a new generation, published whole (a rebuild)")
-	cmd.Flags().IntVar(&workers, "workers", 0, fmt.Sprintf("with --new-generation, connections copying at once (default %d)", pgfeed.DefaultBackfillWorkers))
+	cmd.Flags().IntVar(&workers, "workers", 0, fmt.Sprintf("connections copying at once (default %d; 1 copies one batch at a time, each under the feed lock)", pgfeed.DefaultBackfillWorkers))
 	return cmd
 }

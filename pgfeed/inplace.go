@@ -1,0 +1,583 @@
+package pgfeed
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kairos-es/kairos/feed"
+)
+
+// An in-place backfill splits its table's key range into shares, one for
+// each connection that copies it, each with its position in the
+// backfill_shares table (see its migration), so a run that stopped resumes
+// every share where its last committed batch left it.
+//
+// With one connection (a DBTX that is not a pool, or Workers 1) a batch
+// takes the feed lock and writes its rows at the head, as a locked-mode
+// writer does (lockedBatch). With more, on a pool, batches run at once, each
+// writing at seqs reserved for it before it reads (reservedBatch), and
+// readers stop below the seqs a batch still holds (see the reserved table's
+// migration and names.readable).
+
+// backfillShare is one range of an in-place backfill's table.
+type backfillShare struct {
+	n int
+	// first is the share's first key and upto the next share's, the key's
+	// columns as text; nil for the table's start and end.
+	first, upto []string
+	// position is the last key copied, nil before the first batch.
+	position []string
+	rows     int64
+	done     bool
+}
+
+// batchKind says which variant of the in-place batch statement to build.
+type batchKind struct {
+	// from starts at the share's first key, after past the position; with
+	// neither the batch starts at the table's start.
+	from, after bool
+	// upTo stops before the next share's first key.
+	upTo bool
+	// reserved writes at the seqs reserved from $8 on (reservedBatch);
+	// otherwise the batch moves the head, holding the feed lock.
+	reserved bool
+	// upsert writes every row with the guarded upsert. Without it, rows
+	// whose key the feed does not hold are inserted plainly (the upsert's
+	// speculative insertion cost about twice a plain insert), and a writer
+	// that inserts such a key meanwhile fails the batch with a unique
+	// violation, which is run again with upsert.
+	upsert bool
+}
+
+// inPlaceBatch is the statement of an in-place batch of kind k: $1 the
+// feed, $2 how many rows, $3 the channel, $4 the write lock's key, $5 the
+// position (after) or the share's first key (from), $6 the next share's
+// first key, $7 the share, $8 the first reserved seq. It reads the rows in
+// key order, writes them as the locked mode's write function would (each
+// key's row replaced with the next seq, a NULL document a tombstone), except
+// that a key's row already at a higher seq (a writer's, committed after the
+// seqs were reserved) is kept, records the share's progress, ends the
+// reservation, and notifies. A batch holding a row the feed refuses hands
+// those rows to the write function, which refuses them before it writes
+// anything, in either mode.
+func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
+	cols, order, pos, tuple := keyParts(c)
+	row := "(" + strings.Join(tuple, ", ") + ")"
+	var where []string
+	switch {
+	case k.from:
+		where = append(where, row+" >= "+positionAt(c, "$5"))
+	case k.after:
+		where = append(where, row+" > "+positionAt(c, "$5"))
+	}
+	if k.upTo {
+		where = append(where, row+" < "+positionAt(c, "$6"))
+	}
+	w := ""
+	if len(where) > 0 {
+		w = "\n\tWHERE " + strings.Join(where, " AND ")
+	}
+	// g gives the store and the seq before the batch's first.
+	g := `g AS (
+	UPDATE ` + s.names.generations + ` AS g SET head = g.head + n.rows FROM n WHERE g.feed = $1::text AND n.rows > 0
+	RETURNING g.head - n.rows AS base, coalesce(g.store, g.feed) AS store
+)`
+	end := ""
+	if k.reserved {
+		g = `g AS (
+	SELECT $8::bigint - 1 AS base, ` + s.names.storeOf("$1::text") + ` AS store
+)`
+		end = `, v AS (
+	DELETE FROM ` + s.names.table("reserved") + ` WHERE feed = $1::text AND first_seq = $8::bigint
+)`
+	}
+	insert := func(cond string, guarded bool) string {
+		q := `INSERT INTO ` + s.names.rows + ` AS r (feed, key, seq, doc, deleted_at)
+	SELECT g.store, o.key, g.base + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END
+	FROM o, g` + cond
+		if guarded {
+			q += `
+	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
+	WHERE r.seq IS NULL OR r.seq < excluded.seq`
+		}
+		return q
+	}
+	held := ` EXISTS (SELECT FROM ` + s.names.rows + ` AS e WHERE e.feed = g.store AND e.key = o.key)`
+	writes := `, u AS (
+	` + insert("", true) + `
+)`
+	if !k.upsert {
+		writes = `, p1 AS (
+	` + insert("\n\tWHERE NOT"+held, false) + `
+), u AS (
+	` + insert("\n\tWHERE"+held, true) + `
+)`
+	}
+	return `WITH b AS MATERIALIZED (
+	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
+	FROM ` + c.table + ` AS r` + w + `
+	ORDER BY ` + strings.Join(tuple, ", ") + `
+	LIMIT $2::bigint
+), n AS (
+	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
+), x AS (
+	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text, $4::bigint) AS refused
+	FROM b WHERE b.key IS NULL OR b.key = '' OR octet_length(b.key) > 512 OR b.doc = 'null'::jsonb
+	HAVING count(*) > 0
+), ` + g + `, o AS (
+	SELECT b.key, b.doc, row_number() OVER () AS ord FROM b
+)` + writes + `, p AS (
+	UPDATE ` + s.names.table("backfill_shares") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
+		updated_at = clock_timestamp()
+	FROM n WHERE f.feed = $1::text AND f.share = $7::int
+	RETURNING f.rows
+)` + end + `
+SELECT n.rows, n.last, (SELECT refused FROM x), (SELECT count(pg_notify($3::text, $1::text)) FROM n WHERE n.rows > 0),
+	$5::text[] IS NULL AND $6::text[] IS NULL AND $8::bigint IS NULL FROM n`
+}
+
+// countBatch counts the rows of the next batch of kind k ($1 at most): $2
+// is inPlaceBatch's $5, $3 its $6.
+func (s *Store) countBatch(c *capture, k batchKind) string {
+	_, _, _, tuple := keyParts(c)
+	row := "(" + strings.Join(tuple, ", ") + ")"
+	var where []string
+	switch {
+	case k.from:
+		where = append(where, row+" >= "+positionAt(c, "$2"))
+	case k.after:
+		where = append(where, row+" > "+positionAt(c, "$2"))
+	}
+	if k.upTo {
+		where = append(where, row+" < "+positionAt(c, "$3"))
+	}
+	w := ""
+	if len(where) > 0 {
+		w = "\n\tWHERE " + strings.Join(where, " AND ")
+	}
+	return `SELECT count(*), $2::text[] IS NULL, $3::text[] IS NULL FROM (SELECT FROM ` + c.table + ` AS r` + w + `
+	ORDER BY ` + strings.Join(tuple, ", ") + ` LIMIT $1::bigint) AS b`
+}
+
+// kindOf is the batch kind that goes on from where sh stands.
+func (sh *backfillShare) kindOf(reserved, upsert bool) (batchKind, []string) {
+	k := batchKind{upTo: sh.upto != nil, reserved: reserved, upsert: upsert}
+	switch {
+	case sh.position != nil:
+		k.after = true
+		return k, sh.position
+	case sh.first != nil:
+		k.from = true
+		return k, sh.first
+	}
+	return k, nil
+}
+
+// uniqueViolation says err is a unique violation (a key a writer inserted
+// in the feed while a batch inserted it plainly).
+func uniqueViolation(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "23505"
+}
+
+// inPlaceRun is an in-place backfill under way.
+type inPlaceRun struct {
+	s      *Store
+	ctx    context.Context
+	opts   BackfillOptions
+	c      *capture
+	st     backfillSQL
+	fail   func(string, error) error
+	shares []*backfillShare
+
+	mu     sync.Mutex // guards the fields below and progress calls
+	res    BackfillResult
+	copied int64
+	report func(done bool)
+}
+
+// startInPlace resumes an unfinished in-place run of the same capture
+// version, or records a new one split into workers shares.
+func (s *Store) startInPlace(ctx context.Context, opts BackfillOptions, c *capture, total int64, workers int,
+	fail func(string, error) error) (shares []*backfillShare, resumed bool, err error) {
+	f := string(opts.Feed)
+	bf, sht := s.names.table("backfills"), s.names.table("backfill_shares")
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		shares, resumed = nil, false
+		var version string
+		var position []string
+		var rows int64
+		var finished *time.Time
+		err := tx.QueryRow(ctx, `SELECT version, position, rows, finished_at FROM `+bf+` WHERE feed = $1::text FOR UPDATE`, f).Scan(&version, &position, &rows, &finished)
+		switch {
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return fail("reading the backfill's progress", err)
+		case err == nil && finished == nil && version == c.version:
+			resumed = true
+			list, err := tx.Query(ctx, `SELECT share, first, upto, position, rows, finished_at IS NOT NULL FROM `+sht+` WHERE feed = $1::text ORDER BY share`, f)
+			if err != nil {
+				return fail("reading the backfill's progress", err)
+			}
+			shares, err = pgx.CollectRows(list, func(r pgx.CollectableRow) (*backfillShare, error) {
+				var sh backfillShare
+				return &sh, r.Scan(&sh.n, &sh.first, &sh.upto, &sh.position, &sh.rows, &sh.done)
+			})
+			if err != nil {
+				return fail("reading the backfill's progress", err)
+			}
+			if len(shares) > 0 {
+				return nil
+			}
+			// A run recorded before backfills had shares: its position
+			// and rows are one share's over the whole table.
+			shares = []*backfillShare{{position: position, rows: rows}}
+		default:
+			if _, err := tx.Exec(ctx, `INSERT INTO `+bf+` AS b (feed, version) VALUES ($1::text, $2::text)
+ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, rows = 0,
+	started_at = clock_timestamp(), updated_at = clock_timestamp(), finished_at = NULL`, f, c.version); err != nil {
+				return fail("recording the backfill", err)
+			}
+			shares = []*backfillShare{{}}
+			keyAt := s.rebuildStatements(c).keyAt
+			for i := 1; i < workers && total > 0; i++ {
+				var from []string
+				err := tx.QueryRow(ctx, keyAt, total*int64(i)/int64(workers)).Scan(&from)
+				if errors.Is(err, pgx.ErrNoRows) {
+					break
+				}
+				if err != nil {
+					return fail("finding where a share of "+c.table+" starts", err)
+				}
+				shares[len(shares)-1].upto = from
+				shares = append(shares, &backfillShare{n: i, first: from})
+			}
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+sht+` WHERE feed = $1::text`, f); err != nil {
+			return fail("recording the backfill", err)
+		}
+		for _, sh := range shares {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+sht+` (feed, share, first, upto, position, rows, finished_at)
+VALUES ($1::text, $2::int, $3::text[], $4::text[], $5::text[], $6::bigint, CASE WHEN $7::boolean THEN clock_timestamp() END)`,
+				f, sh.n, sh.first, sh.upto, sh.position, sh.rows, sh.done); err != nil {
+				return fail("recording the backfill", err)
+			}
+		}
+		return nil
+	})
+	return shares, resumed, err
+}
+
+// batch runs one batch of sh in tx and returns how many rows it copied;
+// first is the first reserved seq (kind.reserved). It records the batch in
+// sh and the run once tx commits, which the caller does.
+func (r *inPlaceRun) batch(tx pgx.Tx, sh *backfillShare, limit int64, reserved, upsert bool, first int64) (int64, []string, error) {
+	k, at := sh.kindOf(reserved, upsert)
+	var n int64
+	var last []string
+	var refused *int64
+	var notified int64
+	var ignored *bool
+	if err := tx.QueryRow(r.ctx, r.s.inPlaceBatch(r.c, k), string(r.opts.Feed), limit, r.s.names.channel,
+		r.s.writeKey(r.opts.Feed), at, sh.upto, sh.n, first).Scan(&n, &last, &refused, &notified, &ignored); err != nil {
+		return 0, nil, err
+	}
+	if refused != nil {
+		// write refuses every row handed to it for refusal; one that
+		// returned means the two filters differ.
+		return 0, nil, errors.New("the write function took a row the backfill held for refused")
+	}
+	return n, last, nil
+}
+
+// committed records a batch of sh that committed, in the generation gen
+// (0: unknown) and, for a locked batch, with the head head after it, and
+// reports the progress. It is called outside any transaction: the report
+// runs the caller's Progress, which may wait on the database (Uncapture the
+// feed, say), and a batch that waited for it inside its transaction would
+// hold its locks meanwhile.
+func (r *inPlaceRun) committed(sh *backfillShare, n int64, last []string, gen feed.Generation, head feed.Seq) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n > 0 {
+		sh.position = last
+	}
+	sh.rows += n
+	r.copied += n
+	r.res.Rows += n
+	if gen != 0 {
+		r.res.Generation = gen
+	}
+	if head != 0 {
+		r.res.Head = head
+	}
+	r.report(false)
+}
+
+// lockBatch takes, in tx, the table's lock, the write lock shared (so
+// neither a switch of the write mode nor a reset, nor Uncapture, each of
+// which takes it exclusive, runs under a batch), and checks the feed still
+// captures the table.
+func (r *inPlaceRun) lockBatch(tx pgx.Tx) error {
+	if _, err := tx.Exec(r.ctx, r.st.table); err != nil {
+		return r.fail("locking table "+r.c.table, err)
+	}
+	if _, err := tx.Exec(r.ctx, r.st.share, r.s.writeKey(r.opts.Feed)); err != nil {
+		return r.fail("taking the write lock", err)
+	}
+	return nil
+}
+
+// locked copies sh one batch a transaction, each holding the feed lock.
+func (r *inPlaceRun) locked(sh *backfillShare) error {
+	f := string(r.opts.Feed)
+	upsert := false
+	for !sh.done {
+		var n int64
+		var last []string
+		var finished bool
+		var generation feed.Generation
+		var head feed.Seq
+		err := r.s.readCommitted(r.ctx, func(tx pgx.Tx) error {
+			if err := r.lockBatch(tx); err != nil {
+				return err
+			}
+			// The feed lock in a statement of its own: the batch's read
+			// then takes its snapshot after every locked-mode writer and
+			// every sealing round before it has committed, and those after
+			// it wait for this commit (see the package doc's # Backfill).
+			var gen, h int64
+			var captured bool
+			if err := tx.QueryRow(r.ctx, r.st.lock, f).Scan(&gen, &h, &captured); err != nil {
+				return r.fail("taking the feed lock", err)
+			}
+			if !captured {
+				return feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
+			}
+			var err error
+			n, last, err = r.batch(tx, sh, int64(r.opts.BatchSize), false, upsert, 0)
+			if err != nil {
+				return err
+			}
+			generation, head = feed.Generation(gen), feed.Seq(h+n)
+			if n < int64(r.opts.BatchSize) {
+				finished = true
+				return r.finishShare(tx, sh)
+			}
+			return nil
+		})
+		if err != nil && !upsert && uniqueViolation(err) {
+			upsert = true
+			continue
+		}
+		if err != nil {
+			return r.batchFailed(err)
+		}
+		upsert = false
+		r.committed(sh, n, last, generation, head)
+		sh.done = finished
+	}
+	return nil
+}
+
+// finishShare records in tx that sh is copied.
+func (r *inPlaceRun) finishShare(tx pgx.Tx, sh *backfillShare) error {
+	if _, err := tx.Exec(r.ctx, `UPDATE `+r.s.names.table("backfill_shares")+` SET finished_at = clock_timestamp(), updated_at = clock_timestamp() WHERE feed = $1::text AND share = $2::int`,
+		string(r.opts.Feed), sh.n); err != nil {
+		return r.fail("recording the backfill", err)
+	}
+	return nil
+}
+
+// batchFailed is the error of a batch that failed with err: as it is when
+// it is already one of Backfill's, a write failure otherwise.
+func (r *inPlaceRun) batchFailed(err error) error {
+	var failed *feed.WriteFailedError
+	var invalid *feed.InvalidError
+	if errors.As(err, &failed) || errors.As(err, &invalid) {
+		return err
+	}
+	return r.fail("copying a batch", err)
+}
+
+// parallel copies the shares not yet done at once, each batch in a
+// transaction of its own connection, at seqs reserved for it. A batch:
+//
+//   - takes the table's lock and the write lock shared, as a locked batch
+//     does, and learns its transaction's id;
+//   - counts the rows it will copy, at most BatchSize;
+//   - has that many seqs reserved by the coordinator's connection, whose
+//     statement takes the feed lock (the generations row, which locked-mode
+//     writers and sealing rounds take), moves the head past them and enters
+//     them in the reserved table with the batch's transaction, committed at
+//     once;
+//   - reads its rows, in a snapshot taken after the reservation: every
+//     writer and round that held the feed lock before it is in the
+//     snapshot, and every one after it writes above the reserved seqs;
+//   - writes each row at its reserved seq, keeping a key's row that is
+//     already at a higher seq (such a writer's), records its share's
+//     position, deletes its reservation and commits.
+//
+// A writer's change therefore still wins over the copy of its row (see
+// the package doc's # Backfill), and readers, which stop below the first
+// seq of a reservation whose transaction is open (names.readable), never
+// pass a batch's seqs before its rows are there. A batch waits for the
+// reservation only before it writes a row, so no writer that waits for one
+// of its rows holds up the coordinator.
+func (r *inPlaceRun) parallel(pool *pgxpool.Pool) error {
+	f := string(r.opts.Feed)
+	var todo []*backfillShare
+	for _, sh := range r.shares {
+		if !sh.done {
+			todo = append(todo, sh)
+		}
+	}
+	workers := min(len(todo), int(pool.Config().MaxConns)-1)
+	// Every connection is taken before any lock: captured writers that
+	// wait for a lock a batch holds hold connections of their own, perhaps
+	// of this pool (see backfillGeneration).
+	conns := make([]*pgxpool.Conn, 0, workers+1)
+	defer func() {
+		for _, pc := range conns {
+			pc.Release()
+		}
+	}()
+	for range workers + 1 {
+		pc, err := pool.Acquire(r.ctx)
+		if err != nil {
+			return r.fail("connecting the copy's workers", err)
+		}
+		conns = append(conns, pc)
+	}
+	coord := conns[0]
+	if _, err := coord.Exec(r.ctx, `INSERT INTO `+r.s.names.generations+` (feed) VALUES ($1::text) ON CONFLICT (feed) DO NOTHING`, f); err != nil {
+		return r.fail("taking the feed lock", err)
+	}
+	if _, err := coord.Exec(r.ctx, r.st.sweepReserved, f); err != nil {
+		return r.fail("deleting the reservations of batches that ended", err)
+	}
+	var reserving sync.Mutex
+	reserve := func(ctx context.Context, xid string, n int64) (gen, first int64, err error) {
+		reserving.Lock()
+		defer reserving.Unlock()
+		err = coord.QueryRow(ctx, r.st.reserve, f, n, xid).Scan(&gen, &first)
+		return gen, first, err
+	}
+
+	outer := r.ctx
+	ctx, cancel := context.WithCancel(outer)
+	defer cancel()
+	r.ctx = ctx
+	defer func() { r.ctx = outer }()
+	queue := make(chan *backfillShare, len(todo))
+	for _, sh := range todo {
+		queue <- sh
+	}
+	close(queue)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for _, pc := range conns[1:] {
+		wg.Go(func() {
+			for sh := range queue {
+				err := r.copyReserved(ctx, pc, sh, reserve)
+				if err == nil {
+					continue
+				}
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+				cancel()
+				return
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	if _, err := coord.Exec(outer, r.st.sweepReserved, f); err != nil {
+		r.s.logger.Warn("pgfeed: deleting the reservations of a backfill's batches; the next backfill deletes them", "feed", f, "error", err)
+	}
+	return nil
+}
+
+// copyReserved copies sh on pc, one reserved batch a transaction (see
+// parallel).
+func (r *inPlaceRun) copyReserved(ctx context.Context, pc *pgxpool.Conn, sh *backfillShare,
+	reserve func(context.Context, string, int64) (int64, int64, error)) error {
+	f := string(r.opts.Feed)
+	upsert := false
+	for !sh.done {
+		var n int64
+		var last []string
+		var finished bool
+		var generation feed.Generation
+		err := pgx.BeginTxFunc(ctx, pc, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			if err := r.lockBatch(tx); err != nil {
+				return err
+			}
+			var xid string
+			var captured bool
+			// The round lock shared, before the seqs are reserved (see
+			// Store.roundKey), and the transaction's id for the reservation.
+			if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text, EXISTS (SELECT FROM `+r.s.names.table("captures")+` WHERE feed = $1::text)
+FROM (SELECT pg_advisory_xact_lock_shared($2::bigint)) AS l`, f, r.s.roundKey(r.opts.Feed)).Scan(&xid, &captured); err != nil {
+				return r.fail("beginning a batch", err)
+			}
+			if !captured {
+				return feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
+			}
+			k, at := sh.kindOf(true, upsert)
+			var count int64
+			var ignored [2]bool
+			if err := tx.QueryRow(ctx, r.s.countBatch(r.c, k), int64(r.opts.BatchSize), at, sh.upto).Scan(&count, &ignored[0], &ignored[1]); err != nil {
+				return r.fail("counting a batch", err)
+			}
+			if count == 0 {
+				finished = true
+				return r.finishShare(tx, sh)
+			}
+			gen, first, err := reserve(ctx, xid, count)
+			if err != nil {
+				return r.fail("reserving a batch's seqs", err)
+			}
+			n, last, err = r.batch(tx, sh, count, true, upsert, first)
+			generation = feed.Generation(gen)
+			return err
+		})
+		if err != nil && !upsert && uniqueViolation(err) {
+			upsert = true
+			continue
+		}
+		if err != nil {
+			return r.batchFailed(err)
+		}
+		upsert = false
+		r.committed(sh, n, last, generation, 0)
+		sh.done = finished
+	}
+	return nil
+}
+
+// finish records that every share is copied, and the run's rows.
+func (r *inPlaceRun) finish() error {
+	_, err := r.s.db.Exec(r.ctx, `UPDATE `+r.s.names.table("backfills")+` SET position = NULL,
+	rows = (SELECT coalesce(sum(rows), 0) FROM `+r.s.names.table("backfill_shares")+` WHERE feed = $1::text),
+	updated_at = clock_timestamp(), finished_at = clock_timestamp()
+WHERE feed = $1::text AND finished_at IS NULL`, string(r.opts.Feed))
+	if err != nil {
+		return r.fail("recording the backfill", err)
+	}
+	return nil
+}
