@@ -65,3 +65,7 @@ func SealRoundGated(ctx context.Context, s *Store, f feed.FeedName, locked chan<
 // WriteLockKey is the advisory key of f's write lock under s, for tests
 // that hold the lock as a writer would.
 func WriteLockKey(s *Store, f feed.FeedName) int64 { return s.writeKey(f) }
+
+// AfterReserve has fn run after each reservation of an in-place
+// backfill's batch copied beside others, before the batch reads.
+func AfterReserve(s *Store, fn func()) { s.afterReserve = fn }

@@ -552,6 +552,9 @@ FROM (SELECT pg_advisory_xact_lock_shared($2::bigint)) AS l`, f, r.s.roundKey(r.
 			if err != nil {
 				return r.fail("reserving a batch's seqs", err)
 			}
+			if r.s.afterReserve != nil {
+				r.s.afterReserve()
+			}
 			n, last, err = r.batch(tx, sh, count, true, upsert, first)
 			generation = feed.Generation(gen)
 			return err

@@ -3,11 +3,13 @@ package pgfeed_test
 import (
 	"context"
 	"maps"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kairos-es/kairos/feed"
+	"github.com/kairos-es/kairos/pgfeed"
 )
 
 // TestReadersStopBelowAReservation is the reader's side of a parallel
@@ -117,4 +119,65 @@ SELECT head FROM g`, xid).Scan(&seq); err != nil {
 	if r != int64(b)+1 {
 		t.Fatalf("reserved %d after b at %d", r, b)
 	}
+}
+
+// TestBackfillMeetsAWriter: a locked-mode writer updates rows 5 and 15 of
+// the table right after the first batch's seqs are reserved, before it
+// reads, and holds its transaction open; the batch's write of the key the
+// writer wrote comes to wait for it, and the writer then commits, its rows
+// at seqs above the batch's. Its change must win, and the feed end equal
+// to the table, whether the feed lacked the keys (the batch inserts them
+// plainly: the insert fails with a unique violation, and the batch must run
+// again with the upsert; one that gave up failed the backfill) or held
+// them (the batch's upsert then finds the writer's row at a higher seq and
+// must keep it; one that wrote over it left the document the writer
+// replaced).
+func TestBackfillMeetsAWriter(t *testing.T) {
+	t.Parallel()
+	for _, held := range []bool{false, true} {
+		name := "keys the feed lacks"
+		if held {
+			name = "keys the feed holds"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			backfillMeetsAWriter(t, held)
+		})
+	}
+}
+
+func backfillMeetsAWriter(t *testing.T, held bool) {
+	e, table := backfillEnv(t, 20)
+	ctx := t.Context()
+	if held {
+		e.exec(t, `UPDATE `+e.q("t")+` SET v = 'before the backfill' WHERE id IN (5, 15)`)
+	}
+	var once sync.Once
+	writers := make(chan pgx.Tx, 1)
+	pgfeed.AfterReserve(e.s, func() {
+		once.Do(func() {
+			tx, err := e.d.pool.Begin(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := tx.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s' WHERE id IN (5, 15)`); err != nil {
+				t.Error(err)
+			}
+			writers <- tx
+		})
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}})
+		done <- err
+	}()
+	e.waitBlockedOn(t, "WITH b AS MATERIALIZED")
+	if err := (<-writers).Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Backfill: %v", err)
+	}
+	e.same(t, "backfill past a writer", "t", e.want(t, table))
 }

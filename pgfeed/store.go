@@ -54,6 +54,10 @@ type Store struct {
 	// changeSeals caches each feed's sealChanges statement (feed.FeedName →
 	// string), which names the feed's capture document function.
 	changeSeals sync.Map
+	// afterReserve, when a test sets it, runs after each reservation of an
+	// in-place backfill's batch, before the batch reads (see
+	// inPlaceRun.parallel).
+	afterReserve func()
 }
 
 var (
