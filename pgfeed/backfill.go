@@ -115,7 +115,8 @@ type backfillSQL struct {
 	// $3 (see inPlaceRun.parallel): it takes the feed lock, moves the head
 	// past them, enters them in the reserved table, and returns the
 	// generation and the first of them. sweepReserved deletes the
-	// reservations of feed $1 whose batches ended.
+	// reservations of feed $1 whose batches ended, and notifies on channel
+	// $2: readers may have stopped below one.
 	reserve, sweepReserved string
 	// firstFresh and nextFresh copy a batch of a backfill as a new
 	// generation from the start or after the position $5 ($1 the feed, $2
@@ -213,7 +214,10 @@ RETURNING g.generation, g.head, EXISTS (SELECT FROM ` + s.names.table("captures"
 	SELECT $1::text, g.head - $2::bigint + 1, g.head, $3::text::xid8 FROM g
 )
 SELECT g.generation, g.head - $2::bigint + 1 FROM g`,
-		sweepReserved: `DELETE FROM ` + s.names.table("reserved") + ` WHERE feed = $1::text AND pg_visible_in_snapshot(xid, pg_current_snapshot())`,
+		sweepReserved: `WITH d AS (
+	DELETE FROM ` + s.names.table("reserved") + ` WHERE feed = $1::text AND pg_visible_in_snapshot(xid, pg_current_snapshot())
+)
+SELECT pg_notify($2::text, $1::text)`,
 	}
 }
 

@@ -477,10 +477,11 @@
 // statement of the backfill's own connection takes the feed lock, moves
 // the head past as many seqs as the batch will copy (counted first), enters
 // them in the reserved table with the batch's transaction, and commits. The
-// batch then reads its rows in a snapshot taken after that, as a locked
-// batch does after its lock, and writes each at its reserved seq unless the
-// key's row is at a higher seq already: a writer, or a round, that took the
-// feed lock after the reservation wrote it, and its change wins. So the
+// batch then takes the table's lock and the write lock shared, reads its
+// rows in a snapshot taken after the reservation, as a locked batch does
+// after its lock, and writes each at its reserved seq unless the key's row
+// is at a higher seq already: a writer that took the feed lock after the
+// reservation wrote it, and its change wins. So the
 // trigger's writes still win, but a batch's rows now commit below seqs that
 // later writers may have committed first. Readers therefore stop below the
 // first reserved seq whose transaction had not ended when their read's
@@ -488,11 +489,15 @@
 // batch's head, and so does Head. A batch deletes its reservation in the
 // transaction that writes its rows, so the two appear together; one that
 // rolls back leaves its seqs unused and its reservation naming a
-// transaction that ended, which holds no reader back. A sealing round
-// waits for the batches under way, and they for it (the round lock): a
-// keyed capture's round seals only keys whose document differs from the
-// feed row it sees, and it would not see a batch's uncommitted row, so a
-// key the table lost after the batch read it would keep the batch's copy.
+// transaction that ended, which holds no reader back. A sealing round, and
+// RetryParked, wait for the batches under way, and a batch for them, from
+// before its reservation to its commit (the round lock): a keyed capture's
+// round seals only keys whose document differs from the feed row it sees,
+// and it would not see a batch's uncommitted row, so a key the table lost
+// after the batch read it would keep the batch's copy; and a restamp above
+// the reservation would put the feed's older row above the copy. While it
+// waits for its reservation a batch holds nothing else, so no writer that
+// holds the feed lock can come to wait for it.
 // Rows whose key the feed does not hold yet are inserted plainly, which
 // costs about half the upsert; a writer that inserts such a key meanwhile
 // fails the batch with a unique violation, and the batch runs again with

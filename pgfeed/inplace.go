@@ -89,8 +89,11 @@ func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
 	UPDATE ` + s.names.generations + ` AS g SET head = g.head + n.rows FROM n WHERE g.feed = $1::text AND n.rows > 0
 	RETURNING g.head - n.rows AS base, coalesce(g.store, g.feed) AS store
 )`
-	end := ""
+	// A locked batch notifies when it wrote a row; a reserved one always,
+	// since readers may have stopped below its seqs.
+	end, notifyWhen := "", " WHERE n.rows > 0"
 	if k.reserved {
+		notifyWhen = ""
 		g = `g AS (
 	SELECT $8::bigint - 1 AS base, ` + s.names.storeOf("$1::text") + ` AS store
 )`
@@ -139,7 +142,7 @@ func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
 	FROM n WHERE f.feed = $1::text AND f.share = $7::int
 	RETURNING f.rows
 )` + end + `
-SELECT n.rows, n.last, (SELECT refused FROM x), (SELECT count(pg_notify($3::text, $1::text)) FROM n WHERE n.rows > 0),
+SELECT n.rows, n.last, (SELECT refused FROM x), (SELECT count(pg_notify($3::text, $1::text)) FROM n` + notifyWhen + `),
 	$5::text[] IS NULL AND $6::text[] IS NULL AND $8::bigint IS NULL FROM n`
 }
 
@@ -386,9 +389,12 @@ func (r *inPlaceRun) locked(sh *backfillShare) error {
 	return nil
 }
 
-// finishShare records in tx that sh is copied.
-func (r *inPlaceRun) finishShare(tx pgx.Tx, sh *backfillShare) error {
-	if _, err := tx.Exec(r.ctx, `UPDATE `+r.s.names.table("backfill_shares")+` SET finished_at = clock_timestamp(), updated_at = clock_timestamp() WHERE feed = $1::text AND share = $2::int`,
+// finishShare records in q (a batch's transaction, or a connection) that
+// sh is copied.
+func (r *inPlaceRun) finishShare(q interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sh *backfillShare) error {
+	if _, err := q.Exec(r.ctx, `UPDATE `+r.s.names.table("backfill_shares")+` SET finished_at = clock_timestamp(), updated_at = clock_timestamp() WHERE feed = $1::text AND share = $2::int`,
 		string(r.opts.Feed), sh.n); err != nil {
 		return r.fail("recording the backfill", err)
 	}
@@ -409,27 +415,34 @@ func (r *inPlaceRun) batchFailed(err error) error {
 // parallel copies the shares not yet done at once, each batch in a
 // transaction of its own connection, at seqs reserved for it. A batch:
 //
-//   - takes the table's lock and the write lock shared, as a locked batch
-//     does, and learns its transaction's id;
-//   - counts the rows it will copy, at most BatchSize;
+//   - counts the rows it will copy, at most BatchSize, in a statement
+//     before its transaction;
+//   - takes the round lock shared (Store.roundKey), so that no sealing
+//     round and no RetryParked hands out a seq until it commits, and
+//     learns its transaction's id;
 //   - has that many seqs reserved by the coordinator's connection, whose
 //     statement takes the feed lock (the generations row, which locked-mode
 //     writers and sealing rounds take), moves the head past them and enters
 //     them in the reserved table with the batch's transaction, committed at
 //     once;
+//   - takes the table's lock and the write lock shared, as a locked batch
+//     does, and checks the capture is still there;
 //   - reads its rows, in a snapshot taken after the reservation: every
-//     writer and round that held the feed lock before it is in the
-//     snapshot, and every one after it writes above the reserved seqs;
+//     writer that held the feed lock before it is in the snapshot, and
+//     every one after it writes above the reserved seqs;
 //   - writes each row at its reserved seq, keeping a key's row that is
 //     already at a higher seq (such a writer's), records its share's
-//     position, deletes its reservation and commits.
+//     position, deletes its reservation, notifies and commits.
 //
 // A writer's change therefore still wins over the copy of its row (see
 // the package doc's # Backfill), and readers, which stop below the first
 // seq of a reservation whose transaction is open (names.readable), never
-// pass a batch's seqs before its rows are there. A batch waits for the
-// reservation only before it writes a row, so no writer that waits for one
-// of its rows holds up the coordinator.
+// pass a batch's seqs before its rows are there. While a batch waits for
+// its reservation it holds the round lock and nothing else: the
+// coordinator may wait there for a writer that holds the feed lock, and a
+// writer that went on to wait for a lock the batch held (an ALTER or a
+// TRUNCATE of the table, in the same transaction) would close a cycle
+// through this process that PostgreSQL could not see.
 func (r *inPlaceRun) parallel(pool *pgxpool.Pool) error {
 	f := string(r.opts.Feed)
 	var todo []*backfillShare
@@ -438,7 +451,7 @@ func (r *inPlaceRun) parallel(pool *pgxpool.Pool) error {
 			todo = append(todo, sh)
 		}
 	}
-	workers := min(len(todo), int(pool.Config().MaxConns)-1)
+	workers := min(len(todo), r.opts.Workers, int(pool.Config().MaxConns)-1)
 	// Every connection is taken before any lock: captured writers that
 	// wait for a lock a batch holds hold connections of their own, perhaps
 	// of this pool (see backfillGeneration).
@@ -456,18 +469,36 @@ func (r *inPlaceRun) parallel(pool *pgxpool.Pool) error {
 		conns = append(conns, pc)
 	}
 	coord := conns[0]
-	if _, err := coord.Exec(r.ctx, `INSERT INTO `+r.s.names.generations+` (feed) VALUES ($1::text) ON CONFLICT (feed) DO NOTHING`, f); err != nil {
+	// The generations row the reservations update, if the feed has none
+	// yet; looked for first, since an insert that met the row would wait
+	// for whichever writer holds it.
+	if _, err := coord.Exec(r.ctx, `INSERT INTO `+r.s.names.generations+` (feed) SELECT $1::text
+WHERE NOT EXISTS (SELECT FROM `+r.s.names.generations+` WHERE feed = $1::text) ON CONFLICT (feed) DO NOTHING`, f); err != nil {
 		return r.fail("taking the feed lock", err)
 	}
-	if _, err := coord.Exec(r.ctx, r.st.sweepReserved, f); err != nil {
+	if _, err := coord.Exec(r.ctx, r.st.sweepReserved, f, r.s.names.channel); err != nil {
 		return r.fail("deleting the reservations of batches that ended", err)
 	}
 	var reserving sync.Mutex
+	// reserve runs in READ COMMITTED whatever the session's default: in
+	// REPEATABLE READ its update of the generations row would fail with
+	// 40001 after waiting for a writer or a round that changed it.
 	reserve := func(ctx context.Context, xid string, n int64) (gen, first int64, err error) {
 		reserving.Lock()
 		defer reserving.Unlock()
-		err = coord.QueryRow(ctx, r.st.reserve, f, n, xid).Scan(&gen, &first)
+		err = pgx.BeginTxFunc(ctx, coord, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, r.st.reserve, f, n, xid).Scan(&gen, &first)
+		})
 		return gen, first, err
+	}
+	// ended deletes the reservation of a batch that failed and wakes the
+	// feed's readers, which may have stopped below it; best effort (the
+	// reservation holds no reader back once its transaction ended, and
+	// readers poll).
+	ended := func() {
+		reserving.Lock()
+		defer reserving.Unlock()
+		_, _ = coord.Exec(context.WithoutCancel(r.ctx), r.st.sweepReserved, f, r.s.names.channel)
 	}
 
 	outer := r.ctx
@@ -488,7 +519,7 @@ func (r *inPlaceRun) parallel(pool *pgxpool.Pool) error {
 	for _, pc := range conns[1:] {
 		wg.Go(func() {
 			for sh := range queue {
-				err := r.copyReserved(ctx, pc, sh, reserve)
+				err := r.copyReserved(ctx, pc, sh, reserve, ended)
 				if err == nil {
 					continue
 				}
@@ -506,47 +537,54 @@ func (r *inPlaceRun) parallel(pool *pgxpool.Pool) error {
 	if first != nil {
 		return first
 	}
-	if _, err := coord.Exec(outer, r.st.sweepReserved, f); err != nil {
+	if _, err := coord.Exec(outer, r.st.sweepReserved, f, r.s.names.channel); err != nil {
 		r.s.logger.Warn("pgfeed: deleting the reservations of a backfill's batches; the next backfill deletes them", "feed", f, "error", err)
 	}
 	return nil
 }
 
 // copyReserved copies sh on pc, one reserved batch a transaction (see
-// parallel).
+// parallel); ended is told of each batch that failed after its seqs may
+// have been reserved.
 func (r *inPlaceRun) copyReserved(ctx context.Context, pc *pgxpool.Conn, sh *backfillShare,
-	reserve func(context.Context, string, int64) (int64, int64, error)) error {
+	reserve func(context.Context, string, int64) (int64, int64, error), ended func()) error {
 	f := string(r.opts.Feed)
 	upsert := false
 	for !sh.done {
-		var n int64
-		var last []string
-		var finished bool
-		var generation feed.Generation
-		err := pgx.BeginTxFunc(ctx, pc, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-			if err := r.lockBatch(tx); err != nil {
+		k, at := sh.kindOf(true, upsert)
+		// The count in a statement of its own, before the batch's
+		// transaction: while it waits for its reservation, a batch holds
+		// nothing but the round lock (see parallel). The batch copies at
+		// most that many rows, so its reservation is exact but for rows
+		// deleted meanwhile; rows inserted meanwhile are a captured
+		// writer's, in the feed already. Only a count of 0 ends the share.
+		var count int64
+		var ignored [2]bool
+		if err := pc.QueryRow(ctx, r.s.countBatch(r.c, k), int64(r.opts.BatchSize), at, sh.upto).Scan(&count, &ignored[0], &ignored[1]); err != nil {
+			return r.fail("counting a batch", err)
+		}
+		if count == 0 {
+			if err := r.finishShare(pc, sh); err != nil {
 				return err
 			}
-			var xid string
-			var captured bool
+			r.committed(sh, 0, nil, 0, 0)
+			sh.done = true
+			break
+		}
+		var n int64
+		var last []string
+		var generation feed.Generation
+		err := pgx.BeginTxFunc(ctx, pc, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 			// The round lock shared, before the seqs are reserved (see
 			// Store.roundKey), and the transaction's id for the reservation.
+			var xid string
+			var captured bool
 			if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text, EXISTS (SELECT FROM `+r.s.names.table("captures")+` WHERE feed = $1::text)
 FROM (SELECT pg_advisory_xact_lock_shared($2::bigint)) AS l`, f, r.s.roundKey(r.opts.Feed)).Scan(&xid, &captured); err != nil {
 				return r.fail("beginning a batch", err)
 			}
 			if !captured {
 				return feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
-			}
-			k, at := sh.kindOf(true, upsert)
-			var count int64
-			var ignored [2]bool
-			if err := tx.QueryRow(ctx, r.s.countBatch(r.c, k), int64(r.opts.BatchSize), at, sh.upto).Scan(&count, &ignored[0], &ignored[1]); err != nil {
-				return r.fail("counting a batch", err)
-			}
-			if count == 0 {
-				finished = true
-				return r.finishShare(tx, sh)
 			}
 			gen, first, err := reserve(ctx, xid, count)
 			if err != nil {
@@ -555,10 +593,24 @@ FROM (SELECT pg_advisory_xact_lock_shared($2::bigint)) AS l`, f, r.s.roundKey(r.
 			if r.s.afterReserve != nil {
 				r.s.afterReserve()
 			}
+			if err := r.lockBatch(tx); err != nil {
+				return err
+			}
+			// Uncapture takes the table's lock and the write lock
+			// exclusive: under both, the capture is there or gone for good.
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+r.s.names.table("captures")+` WHERE feed = $1::text)`, f).Scan(&captured); err != nil {
+				return r.fail("beginning a batch", err)
+			}
+			if !captured {
+				return feed.Invalid("options.feed", "names feed %s, whose capture was removed while the backfill ran", f)
+			}
 			n, last, err = r.batch(tx, sh, count, true, upsert, first)
 			generation = feed.Generation(gen)
 			return err
 		})
+		if err != nil {
+			ended()
+		}
 		if err != nil && !upsert && uniqueViolation(err) {
 			upsert = true
 			continue
@@ -568,7 +620,6 @@ FROM (SELECT pg_advisory_xact_lock_shared($2::bigint)) AS l`, f, r.s.roundKey(r.
 		}
 		upsert = false
 		r.committed(sh, n, last, generation, 0)
-		sh.done = finished
 	}
 	return nil
 }

@@ -2,9 +2,11 @@ package pgfeed_test
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -180,4 +182,93 @@ func backfillMeetsAWriter(t *testing.T, held bool) {
 		t.Fatalf("Backfill: %v", err)
 	}
 	e.same(t, "backfill past a writer", "t", e.want(t, table))
+}
+
+// TestBackfillRetryParkedWaitsForABatch: the feed holds a stale document
+// of key 5 (written before the table's row changed outside the capture),
+// parked for a sink; right after a batch's seqs are reserved, before it
+// reads, the sink's operator retries the key. The retry must wait for the
+// batch, and then restamp the batch's copy. A retry that restamped at
+// once would put the stale row above the batch's seqs, where the batch's
+// write keeps it (a writer's row at a higher seq wins), and the feed would
+// keep the stale document.
+func TestBackfillRetryParkedWaitsForABatch(t *testing.T) {
+	t.Parallel()
+	e, table := backfillEnv(t, 20)
+	ctx := t.Context()
+	if _, err := e.s.WriteCommitted(ctx, "t", []feed.Change{feed.Put("5", []byte(`{"stale": true}`))}); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, `INSERT INTO `+e.q("feed_parked")+` (feed, sink, key, seq, reason, parked_at) VALUES ('t', 's', '5', 1, 'refused', now())`)
+	var once sync.Once
+	retried := make(chan error, 1)
+	pgfeed.AfterReserve(e.s, func() {
+		once.Do(func() {
+			go func() {
+				ok, err := e.s.RetryParked(ctx, feed.SinkID{Feed: "t", Sink: "s"}, "5")
+				if err == nil && !ok {
+					err = errors.New("RetryParked found key 5 not parked")
+				}
+				retried <- err
+			}()
+			// The retry either ends at once, or waits for the batch.
+			select {
+			case err := <-retried:
+				retried <- err
+			case <-time.After(300 * time.Millisecond):
+			}
+		})
+	})
+	if _, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}}); err != nil {
+		t.Fatalf("Backfill: %v", err)
+	}
+	if err := <-retried; err != nil {
+		t.Fatalf("RetryParked: %v", err)
+	}
+	e.same(t, "backfill past a retried key", "t", e.want(t, table))
+}
+
+// TestBackfillBatchWaitsHoldingNoTableLock: a locked-mode writer holds the
+// feed lock (it updated row 1) while a backfill copied from two
+// connections comes to wait for it to reserve its next batch's seqs; the
+// writer then locks the table (as an ALTER TABLE or a TRUNCATE in the same
+// transaction would) and commits. The lock must be granted and both must
+// finish: a batch that held its table lock while it waited for its
+// reservation would wait for the writer through the backfill's own
+// connection, the writer for the batch, and PostgreSQL would see no
+// deadlock to break (the writer's lock wait times out here instead).
+func TestBackfillBatchWaitsHoldingNoTableLock(t *testing.T) {
+	t.Parallel()
+	e, table := backfillEnv(t, 2000)
+	ctx := t.Context()
+	// A committed write first, so the feed's generations row exists and
+	// the backfill waits for the writer only for its seqs.
+	e.exec(t, `UPDATE `+e.q("t")+` SET v = 'written before' WHERE id = 2`)
+	w, err := e.d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Rollback(context.Background()) }()
+	if _, err := w.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s' WHERE id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}})
+		done <- err
+	}()
+	e.waitBlockedOn(t, "WITH g AS")
+	if _, err := w.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Exec(ctx, `LOCK TABLE `+e.q("t")+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatalf("the writer's table lock, while a batch waited for its seqs: %v", err)
+	}
+	if err := w.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Backfill: %v", err)
+	}
+	e.same(t, "backfill past a writer that locked the table", "t", e.want(t, table))
 }

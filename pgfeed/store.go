@@ -360,15 +360,17 @@ func (s *Store) QueueWrite(b *pgx.Batch, f feed.FeedName, changes []feed.Change,
 }
 
 // writeKey is f's write lock (statements.shareWrite), cached per feed.
-// roundKey is the advisory key of f's round lock: a sealing round takes it
-// exclusive before the feed lock, and a batch of an in-place backfill that
-// runs beside other batches takes it shared before its seqs are reserved,
-// holding it to its commit. A round that sealed while such a batch was
-// under way would not see the batch's rows, and a keyed capture's round
-// seals only the keys whose document differs from the feed's: it would
-// find a key the table and the feed both lack (a row deleted since the
-// batch read it) unchanged, and the batch's copy would then stand. Rounds
-// never wait long for it: a batch holds it for one batch.
+// roundKey is the advisory key of f's round lock: a sealing round and
+// RetryParked take it exclusive before the feed lock, and a batch of an
+// in-place backfill that runs beside other batches takes it shared before
+// its seqs are reserved, holding it to its commit. A round that sealed
+// while such a batch was under way would not see the batch's rows, and a
+// keyed capture's round seals only the keys whose document differs from
+// the feed's: it would find a key the table and the feed both lack (a row
+// deleted since the batch read it) unchanged, and the batch's copy would
+// then stand. A restamp would put a key's feed row, which may be older
+// than the table's, above the batch's copy. Neither waits long for it: a
+// batch holds it for one batch.
 func (s *Store) roundKey(f feed.FeedName) int64 {
 	return lockKey("round", s.names.schema, s.names.prefix, string(f))
 }

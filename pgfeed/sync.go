@@ -189,7 +189,13 @@ func (s *Store) RetryParked(ctx context.Context, id feed.SinkID, key feed.Key) (
 	}
 	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
 		// No generations row means the feed was never written: it has no
-		// row to restamp, and nothing to lock against.
+		// row to restamp, and nothing to lock against. The round lock
+		// first, as a round takes it: a restamp between a backfill batch's
+		// reservation and its commit would put the key's feed row, which
+		// may be older than the table's, above the batch's copy.
+		if _, err := tx.Exec(ctx, takeRoundLock, s.roundKey(id.Feed)); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.sql.sealLock, string(id.Feed)); err != nil {
 			return err
 		}
