@@ -47,16 +47,17 @@ import (
 //     concurrent write mode with its sealer running beside the writers (so
 //     the figure pays for sealing too); the baseline is measured again in
 //     the same way, right beside it.
-//   - K backfill: an in-place Backfill of a BackfillRows-row table, against
-//     a raw keyset scan of the same table that reads each row's key and
-//     to_jsonb document to the client in batches of the same size; rows per
-//     second.
+//   - K backfill: an in-place Backfill of a BackfillRows-row table, copied
+//     from DefaultBackfillWorkers connections at once (each a share of the
+//     table, at seqs reserved for each batch), against a raw keyset scan of
+//     the same table that reads each row's key and to_jsonb document to the
+//     client in batches of the same size; rows per second.
 //   - K backfill floor: the same rows copied by plain INSERT … SELECT, one
 //     keyset batch of the same size per transaction, into a table built
 //     like the feed's rows (its two unique indexes), against the same scan:
 //     what any copy of the table into the feed's shape reaches at best.
-//   - K backfill concurrent: the Backfill of the same table into a second
-//     feed in the concurrent write mode, its sealer running beside it, timed
+//   - K backfill concurrent: the same in-place Backfill into a second feed
+//     in the concurrent write mode, its sealer running beside it, timed
 //     until every copied row is sealed, against the same scan.
 //   - K backfill new generation: the Backfill of the same table as a new
 //     generation of the first feed (the table-shaped rebuild: one
@@ -133,7 +134,7 @@ func (e *env) measureCapture(ctx context.Context) ([]Row, error) {
 			"commits/s", wr, wrBase, "figure/baseline", div, "", nil),
 		newRow("K writers concurrent", fmt.Sprintf("%d concurrent writers, single-row upserts into a captured table (concurrent mode, its sealer running), commit rate; baseline: the same without the trigger", sz.Writers),
 			"commits/s", wc, wcBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
-		newRow("K backfill", fmt.Sprintf("in-place backfill of a %d-row table, batches of %d; baseline: a raw keyset scan of the table reading each row's key and to_jsonb", sz.BackfillRows, pgfeed.DefaultBackfillBatch),
+		newRow("K backfill", fmt.Sprintf("in-place backfill of a %d-row table from %d connections, batches of %d; baseline: a raw keyset scan of the table reading each row's key and to_jsonb", sz.BackfillRows, pgfeed.DefaultBackfillWorkers, pgfeed.DefaultBackfillBatch),
 			"rows/s", bf, bfBase, "figure/baseline", div, "≥ 0.5×", func(_, r float64) bool { return r >= 0.5 }),
 		newRow("K backfill floor", fmt.Sprintf("the same rows copied by plain INSERT … SELECT, a keyset batch of %d per transaction, into a table like the feed's rows (no lock, no upsert, no progress); baseline: the same scan", pgfeed.DefaultBackfillBatch),
 			"rows/s", bfFloor, bfBase, "figure/baseline", div, "", nil),

@@ -101,10 +101,11 @@ func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
 	DELETE FROM ` + s.names.table("reserved") + ` WHERE feed = $1::text AND first_seq = $8::bigint
 )`
 	}
-	insert := func(cond string, guarded bool) string {
+	// insert writes the rows of src (key, doc, ord) that meet cond.
+	insert := func(src, cond string, guarded bool) string {
 		q := `INSERT INTO ` + s.names.rows + ` AS r (feed, key, seq, doc, deleted_at)
 	SELECT g.store, o.key, g.base + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END
-	FROM o, g` + cond
+	FROM ` + src + ` AS o, g` + cond
 		if guarded {
 			q += `
 	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
@@ -112,15 +113,20 @@ func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
 		}
 		return q
 	}
-	held := ` EXISTS (SELECT FROM ` + s.names.rows + ` AS e WHERE e.feed = g.store AND e.key = o.key)`
 	writes := `, u AS (
-	` + insert("", true) + `
+	` + insert("o", "", true) + `
 )`
 	if !k.upsert {
-		writes = `, p1 AS (
-	` + insert("\n\tWHERE NOT"+held, false) + `
+		// Whether the feed holds each key, probed by its primary key one
+		// key at a time: as a join, the planner hashed every row of the
+		// rows table, every feed's, for each batch.
+		writes = `, h AS MATERIALIZED (
+	SELECT o.key, o.doc, o.ord, e.held IS NOT NULL AS held FROM o CROSS JOIN g
+	LEFT JOIN LATERAL (SELECT true AS held FROM ` + s.names.rows + ` AS e WHERE e.feed = g.store AND e.key = o.key OFFSET 0) AS e ON true
+), p1 AS (
+	` + insert("h", "\n\tWHERE NOT o.held", false) + `
 ), u AS (
-	` + insert("\n\tWHERE"+held, true) + `
+	` + insert("h", "\n\tWHERE o.held", true) + `
 )`
 	}
 	return `WITH b AS MATERIALIZED (
