@@ -359,13 +359,26 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 	if _, err := admin.Exec(ctx, `CREATE TABLE `+floorT+` (LIKE `+s.table("rows")+` INCLUDING ALL)`); err != nil {
 		return backfillRates{}, err
 	}
+	// checkpoint writes out what every side before dirtied, so that each
+	// starts alike: a million-row copy writes about a gigabyte of WAL, and
+	// a checkpoint that falls inside the next copy (every 5 minutes, or at
+	// max_wal_size) has that copy write a full page image of each page it
+	// touches first. (The in-place rows swung by twice and more before it
+	// was added, 58k–134k rows/s in one invocation, and still did after:
+	// this was not the cause; see BENCHMARKS.md.)
+	checkpoint := func() error {
+		_, err := admin.Exec(ctx, `CHECKPOINT`)
+		return err
+	}
 	// empty leaves f with no rows, vacuumed, so each copy starts alike.
 	empty := func(table, f string) error {
 		if _, err := admin.Exec(ctx, `DELETE FROM `+table+` WHERE feed = $1::text`, f); err != nil {
 			return err
 		}
-		_, err := admin.Exec(ctx, `VACUUM `+table)
-		return err
+		if _, err := admin.Exec(ctx, `VACUUM `+table); err != nil {
+			return err
+		}
+		return checkpoint()
 	}
 	// emptyFeed is empty for a feed's rows, which a new-generation
 	// backfill moves under a store name of their own: deleting by the
@@ -425,6 +438,9 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 		return float64(res.Rows) / time.Since(start).Seconds(), nil
 	}
 	scan := func() (float64, error) {
+		if err := checkpoint(); err != nil {
+			return 0, err
+		}
 		start := time.Now()
 		var n int64
 		after := int32(0)
@@ -516,6 +532,9 @@ SELECT count(*), max(b.id) FROM b`, after, batch, upTo).Scan(&got, &last)
 		if _, err := admin.Exec(ctx, `VACUUM `+s.table("rows")); err != nil {
 			return 0, err
 		}
+		if err := checkpoint(); err != nil {
+			return 0, err
+		}
 		start := time.Now()
 		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: "k_bf", NewGeneration: true, Progress: func(pgfeed.BackfillProgress) {}})
 		if err != nil {
@@ -533,6 +552,7 @@ SELECT count(*), max(b.id) FROM b`, after, batch, upTo).Scan(&got, &last)
 		floorParallel,
 		rebuild,
 	}
+	names := [7]string{"in place", "scan", "floor", "in place, concurrent mode", "new generation", "floor parallel", "rebuild"}
 	var out [7]float64
 	for j := range len(sides) {
 		k := (j + run) % len(sides)
@@ -540,6 +560,10 @@ SELECT count(*), max(b.id) FROM b`, after, batch, upTo).Scan(&got, &last)
 		if out[k], err = sides[k](); err != nil {
 			return backfillRates{}, err
 		}
+		// Each side's rate as it is measured: the table gives only each
+		// row's median and range, and the order a side ran in is one cause
+		// to rule out when its runs disagree.
+		fmt.Fprintf(e.log, "bench: K backfill, run %d, side %d: %s, %.0f rows/s\n", run+1, j+1, names[k], out[k])
 	}
 	return backfillRates{out[0], out[1], out[2], out[3], out[4], out[5], out[6]}, nil
 }
