@@ -420,10 +420,23 @@ func (e *env) captureBackfill(ctx context.Context, admin *pgxpool.Pool, s *schem
 			}
 		}()
 		start := time.Now()
-		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: f, NewGeneration: fresh, Progress: func(pgfeed.BackfillProgress) {}})
+		// The longest wait between two batches' commits, logged below: a
+		// copy whose rate falls says whether it fell everywhere or stalled.
+		var last time.Time
+		var longest time.Duration
+		var longestAt int64
+		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: f, NewGeneration: fresh, Progress: func(p pgfeed.BackfillProgress) {
+			now := time.Now()
+			if d := now.Sub(last); !last.IsZero() && d > longest {
+				longest, longestAt = d, p.Rows
+			}
+			last = now
+		}})
 		if err != nil {
 			return 0, err
 		}
+		fmt.Fprintf(e.log, "bench: K backfill of %s (new generation %v): %d rows in %v, longest wait between batches %v (at row %d)\n",
+			f, fresh, res.Rows, time.Since(start).Round(time.Millisecond), longest.Round(time.Millisecond), longestAt)
 		for sealed != nil {
 			var waiting bool
 			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.table("unsealed")+` WHERE feed = $1::text)
