@@ -498,11 +498,8 @@
 // the reservation would put the feed's older row above the copy. While it
 // waits for its reservation a batch holds nothing else, so no writer that
 // holds the feed lock can come to wait for it.
-// Rows whose key the feed does not hold yet are inserted plainly, which
-// costs about half the upsert; a writer that inserts such a key meanwhile
-// fails the batch with a unique violation, and the batch runs again with
-// the upsert. On a single connection, or with Workers 1, batches take the
-// feed lock in turn as above.
+// On a single connection, or with Workers 1, batches take the feed lock in
+// turn as above.
 //
 // Each batch records its share's position (the last key's columns) in the
 // same transaction, so a backfill killed at any point resumes every share

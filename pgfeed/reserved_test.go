@@ -125,15 +125,13 @@ SELECT head FROM g`, xid).Scan(&seq); err != nil {
 
 // TestBackfillMeetsAWriter: a locked-mode writer updates rows 5 and 15 of
 // the table right after the first batch's seqs are reserved, before it
-// reads, and holds its transaction open; the batch's write of the key the
+// reads, and holds its transaction open; the batch's upsert of the key the
 // writer wrote comes to wait for it, and the writer then commits, its rows
 // at seqs above the batch's. Its change must win, and the feed end equal
-// to the table, whether the feed lacked the keys (the batch inserts them
-// plainly: the insert fails with a unique violation, and the batch must run
-// again with the upsert; one that gave up failed the backfill) or held
-// them (the batch's upsert then finds the writer's row at a higher seq and
-// must keep it; one that wrote over it left the document the writer
-// replaced).
+// to the table, whether the feed lacked the keys (the writer's insert is
+// the row the upsert meets) or held them: the upsert finds the writer's
+// row at a higher seq and must keep it. One that wrote over it left the
+// document the writer replaced, or the batch's stale copy of it.
 func TestBackfillMeetsAWriter(t *testing.T) {
 	t.Parallel()
 	for _, held := range []bool{false, true} {
