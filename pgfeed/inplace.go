@@ -63,21 +63,7 @@ type batchKind struct {
 // anything, in either mode.
 func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
 	cols, order, pos, tuple := keyParts(c)
-	row := "(" + strings.Join(tuple, ", ") + ")"
-	var where []string
-	switch {
-	case k.from:
-		where = append(where, row+" >= "+positionAt(c, "$5"))
-	case k.after:
-		where = append(where, row+" > "+positionAt(c, "$5"))
-	}
-	if k.upTo {
-		where = append(where, row+" < "+positionAt(c, "$6"))
-	}
-	w := ""
-	if len(where) > 0 {
-		w = "\n\tWHERE " + strings.Join(where, " AND ")
-	}
+	w := k.where(c, "$5", "$6")
 	// g gives the store and the seq before the batch's first.
 	g := `g AS (
 	UPDATE ` + s.names.generations + ` AS g SET head = g.head + n.rows FROM n WHERE g.feed = $1::text AND n.rows > 0
@@ -135,23 +121,31 @@ SELECT n.rows, n.last, (SELECT refused FROM x), (SELECT count(pg_notify($3::text
 // is inPlaceBatch's $5, $3 its $6.
 func (s *Store) countBatch(c *capture, k batchKind) string {
 	_, _, _, tuple := keyParts(c)
+	w := k.where(c, "$2", "$3")
+	return `SELECT count(*), $2::text[] IS NULL, $3::text[] IS NULL FROM (SELECT FROM ` + c.table + ` AS r` + w + `
+	ORDER BY ` + strings.Join(tuple, ", ") + ` LIMIT $1::bigint) AS b`
+}
+
+// where is the WHERE clause (empty for the whole table) of a batch of
+// kind k over c's table as r, with at the parameter holding the position
+// or the share's first key, and upto the one holding the next share's.
+func (k batchKind) where(c *capture, at, upto string) string {
+	_, _, _, tuple := keyParts(c)
 	row := "(" + strings.Join(tuple, ", ") + ")"
 	var where []string
 	switch {
 	case k.from:
-		where = append(where, row+" >= "+positionAt(c, "$2"))
+		where = append(where, row+" >= "+positionAt(c, at))
 	case k.after:
-		where = append(where, row+" > "+positionAt(c, "$2"))
+		where = append(where, row+" > "+positionAt(c, at))
 	}
 	if k.upTo {
-		where = append(where, row+" < "+positionAt(c, "$3"))
+		where = append(where, row+" < "+positionAt(c, upto))
 	}
-	w := ""
-	if len(where) > 0 {
-		w = "\n\tWHERE " + strings.Join(where, " AND ")
+	if len(where) == 0 {
+		return ""
 	}
-	return `SELECT count(*), $2::text[] IS NULL, $3::text[] IS NULL FROM (SELECT FROM ` + c.table + ` AS r` + w + `
-	ORDER BY ` + strings.Join(tuple, ", ") + ` LIMIT $1::bigint) AS b`
+	return "\n\tWHERE " + strings.Join(where, " AND ")
 }
 
 // kindOf is the batch kind that goes on from where sh stands.

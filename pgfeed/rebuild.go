@@ -303,8 +303,6 @@ type rebuildSQL struct {
 
 func (s *Store) rebuildStatements(c *capture) rebuildSQL {
 	cols, order, pos, tuple := keyParts(c)
-	row := "(" + strings.Join(tuple, ", ") + ")"
-	at := func(p string) string { return positionAt(c, p) }
 	var keyText []string
 	for _, t := range tuple {
 		keyText = append(keyText, t+"::text")
@@ -321,20 +319,7 @@ func (s *Store) rebuildStatements(c *capture) rebuildSQL {
 		// channel, $8 the write lock's key), which refuses them with its
 		// own error before it writes anything, and the statement fails.
 		batch: func(from, after, upTo bool) string {
-			var where []string
-			switch {
-			case from:
-				where = append(where, row+" >= "+at("$4"))
-			case after:
-				where = append(where, row+" > "+at("$4"))
-			}
-			if upTo {
-				where = append(where, row+" < "+at("$5"))
-			}
-			w := ""
-			if len(where) > 0 {
-				w = "\n\tWHERE " + strings.Join(where, " AND ")
-			}
+			w := batchKind{from: from, after: after, upTo: upTo}.where(c, "$4", "$5")
 			return `WITH b AS MATERIALIZED (
 	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
 	FROM ` + c.table + ` AS r` + w + `
