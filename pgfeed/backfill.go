@@ -164,25 +164,35 @@ func positionAt(c *capture, p string) string {
 	return "(" + strings.Join(at, ", ") + ")"
 }
 
-func (s *Store) backfillStatements(c *capture) backfillSQL {
-	g := s.names.generations
+// batchRead is the head of every backfill batch's statement, its last
+// CTE left open for the batch's own to follow: b, up to limit rows of c's table in key order from where
+// (batchKind.where), with their key and document; n, how many and the last
+// one's key columns as text; and x, which hands the rows the feed refuses
+// to the write function (feed, channel and key the parameters of its
+// feed, channel and write lock key), which refuses them with its own error
+// before anything is written, so the statement fails.
+func (s *Store) batchRead(c *capture, where, limit, feedP, channel, key string) string {
 	cols, order, pos, tuple := keyParts(c)
-	// after is the WHERE that starts a batch after the position $5 (the
-	// last key's columns as text).
-	after := "\n\tWHERE (" + strings.Join(tuple, ", ") + ") > " + positionAt(c, "$5")
-	fresh := func(where string) string {
-		return `WITH b AS MATERIALIZED (
+	return `WITH b AS MATERIALIZED (
 	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
 	FROM ` + c.table + ` AS r` + where + `
 	ORDER BY ` + strings.Join(tuple, ", ") + `
-	LIMIT $2::bigint
+	LIMIT ` + limit + `::bigint
 ), n AS (
 	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
 ), x AS (
-	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text, $4::bigint) AS refused
+	SELECT ` + s.names.table("write") + `(` + feedP + `::text, array_agg(b.key), array_agg(b.doc), ` + channel + `::text, ` + key + `::bigint) AS refused
 	FROM b WHERE b.key IS NULL OR b.key = '' OR octet_length(b.key) > 512 OR b.doc = 'null'::jsonb
-	HAVING count(*) > 0
-), g AS (
+	HAVING count(*) > 0`
+}
+
+func (s *Store) backfillStatements(c *capture) backfillSQL {
+	g := s.names.generations
+	// after is the WHERE that starts a batch after the position $5 (the
+	// last key's columns as text).
+	after := batchKind{after: true}.where(c, "$5", "")
+	fresh := func(where string) string {
+		return s.batchRead(c, where, "$2", "$1", "$3", "$4") + `), g AS (
 	UPDATE ` + s.names.generations + ` AS g SET head = g.head + n.rows FROM n WHERE g.feed = $1::text AND n.rows > 0
 	RETURNING g.head, coalesce(g.store, g.feed) AS store
 ), w AS (

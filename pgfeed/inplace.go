@@ -21,10 +21,10 @@ import (
 //
 // With one connection (a DBTX that is not a pool, or Workers 1) a batch
 // takes the feed lock and writes its rows at the head, as a locked-mode
-// writer does (lockedBatch). With more, on a pool, batches run at once, each
-// writing at seqs reserved for it before it reads (reservedBatch), and
-// readers stop below the seqs a batch still holds (see the reserved table's
-// migration and names.readable).
+// writer does (inPlaceRun.locked). With more, on a pool, batches run at
+// once, each writing at seqs reserved for it before it reads
+// (inPlaceRun.parallel), and readers stop below the seqs a batch still
+// holds (see the reserved table's migration and names.readable).
 
 // backfillShare is one range of an in-place backfill's table.
 type backfillShare struct {
@@ -45,7 +45,7 @@ type batchKind struct {
 	from, after bool
 	// upTo stops before the next share's first key.
 	upTo bool
-	// reserved writes at the seqs reserved from $8 on (reservedBatch);
+	// reserved writes at the seqs reserved from $8 on (inPlaceRun.parallel);
 	// otherwise the batch moves the head, holding the feed lock.
 	reserved bool
 }
@@ -62,7 +62,6 @@ type batchKind struct {
 // those rows to the write function, which refuses them before it writes
 // anything, in either mode.
 func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
-	cols, order, pos, tuple := keyParts(c)
 	w := k.where(c, "$5", "$6")
 	// g gives the store and the seq before the batch's first.
 	g := `g AS (
@@ -94,18 +93,7 @@ func (s *Store) inPlaceBatch(c *capture, k batchKind) string {
 	ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, doc = excluded.doc, deleted_at = excluded.deleted_at
 	WHERE r.seq IS NULL OR r.seq < excluded.seq
 )`
-	return `WITH b AS MATERIALIZED (
-	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
-	FROM ` + c.table + ` AS r` + w + `
-	ORDER BY ` + strings.Join(tuple, ", ") + `
-	LIMIT $2::bigint
-), n AS (
-	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
-), x AS (
-	SELECT ` + s.names.table("write") + `($1::text, array_agg(b.key), array_agg(b.doc), $3::text, $4::bigint) AS refused
-	FROM b WHERE b.key IS NULL OR b.key = '' OR octet_length(b.key) > 512 OR b.doc = 'null'::jsonb
-	HAVING count(*) > 0
-), ` + g + `, o AS (
+	return s.batchRead(c, w, "$2", "$1", "$3", "$4") + `), ` + g + `, o AS (
 	SELECT b.key, b.doc, row_number() OVER () AS ord FROM b
 )` + writes + `, p AS (
 	UPDATE ` + s.names.table("backfill_shares") + ` AS f SET position = coalesce(n.last, f.position), rows = f.rows + n.rows,
@@ -295,10 +283,10 @@ func (r *inPlaceRun) committed(sh *backfillShare, n int64, last []string, gen fe
 	r.report(false)
 }
 
-// lockBatch takes, in tx, the table's lock, the write lock shared (so
+// lockBatch takes, in tx, the table's lock and the write lock shared (so
 // neither a switch of the write mode nor a reset, nor Uncapture, each of
-// which takes it exclusive, runs under a batch), and checks the feed still
-// captures the table.
+// which takes it exclusive, runs under a batch); the caller then checks
+// the feed still captures the table.
 func (r *inPlaceRun) lockBatch(tx pgx.Tx) error {
 	if _, err := tx.Exec(r.ctx, r.st.table); err != nil {
 		return r.fail("locking table "+r.c.table, err)

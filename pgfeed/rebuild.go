@@ -302,7 +302,7 @@ type rebuildSQL struct {
 }
 
 func (s *Store) rebuildStatements(c *capture) rebuildSQL {
-	cols, order, pos, tuple := keyParts(c)
+	_, _, _, tuple := keyParts(c)
 	var keyText []string
 	for _, t := range tuple {
 		keyText = append(keyText, t+"::text")
@@ -320,18 +320,7 @@ func (s *Store) rebuildStatements(c *capture) rebuildSQL {
 		// own error before it writes anything, and the statement fails.
 		batch: func(from, after, upTo bool) string {
 			w := batchKind{from: from, after: after, upTo: upTo}.where(c, "$4", "$5")
-			return `WITH b AS MATERIALIZED (
-	SELECT ` + c.keyExpr + ` AS key, ` + c.docExpr + ` AS doc, ` + strings.Join(cols, ", ") + `
-	FROM ` + c.table + ` AS r` + w + `
-	ORDER BY ` + strings.Join(tuple, ", ") + `
-	LIMIT $2::bigint
-), n AS (
-	SELECT count(*) AS rows, (SELECT ARRAY[` + strings.Join(pos, ", ") + `] FROM b ORDER BY ` + strings.Join(order, " DESC, ") + ` DESC LIMIT 1) AS last FROM b
-), x AS (
-	SELECT ` + s.names.table("write") + `($6::text, array_agg(b.key), array_agg(b.doc), $7::text, $8::bigint) AS refused
-	FROM b WHERE b.key IS NULL OR b.key = '' OR octet_length(b.key) > 512 OR b.doc = 'null'::jsonb
-	HAVING count(*) > 0
-), w AS (
+			return s.batchRead(c, w, "$2", "$6", "$7", "$8") + `), w AS (
 	INSERT INTO ` + s.names.rows + ` (feed, key, seq, doc, deleted_at)
 	SELECT $1::text, o.key, $3::bigint + o.ord, o.doc, CASE WHEN o.doc IS NULL THEN now() END
 	FROM (SELECT b.key, b.doc, row_number() OVER () AS ord FROM b) AS o
