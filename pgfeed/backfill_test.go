@@ -555,6 +555,75 @@ func backfillResumes(t *testing.T, workers int) {
 	}
 }
 
+// TestBackfillInsertsPlainly: a batch of keys the feed lacks inserts its
+// rows plainly. In a feed that holds every key already (a second backfill
+// in place) the plain insert fails, the batch upserts instead, and after a
+// failed try the share's next batches upsert without trying, more of them
+// after each failure, so few of a full feed's batches try at all.
+func TestBackfillInsertsPlainly(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			backfillInsertsPlainly(t, workers)
+		})
+	}
+}
+
+func backfillInsertsPlainly(t *testing.T, workers int) {
+	const rows, size = 4000, 20
+	const batches = rows / size
+	e, table := backfillEnv(t, rows)
+	ctx := t.Context()
+	var mu sync.Mutex
+	var plain, tries, upserts int
+	pgfeed.OnBatch(e.s, func(p bool, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case p && err == nil:
+			plain++
+		case p:
+			tries++
+		case err == nil:
+			upserts++
+		}
+	})
+	counts := func() (int, int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		p, f, u := plain, tries, upserts
+		plain, tries, upserts = 0, 0, 0
+		return p, f, u
+	}
+	backfill := func(step string) {
+		t.Helper()
+		res, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: size, Workers: workers, Progress: func(pgfeed.BackfillProgress) {}})
+		if err != nil || res.Rows != rows {
+			t.Fatalf("%s = %+v, %v; want %d rows", step, res, err, rows)
+		}
+		e.same(t, step, "t", e.want(t, table))
+	}
+	backfill("the first backfill")
+	if p, f, u := counts(); p < batches || f != 0 || u != 0 {
+		t.Fatalf("the first backfill's batches: %d plain, %d failed tries, %d upserts; want all of at least %d plain", p, f, u, batches)
+	}
+	_, first := e.head(t, "t")
+	backfill("the second backfill")
+	p, f, u := counts()
+	if p != 0 || u < batches || f == 0 || f*5 > batches {
+		t.Fatalf("the second backfill's batches: %d plain, %d failed tries, %d upserts; want none plain, at least %d upserts, and between 1 and %d tries",
+			p, f, u, batches, batches/5)
+	}
+	var stale int
+	if err := e.d.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.q("feed_rows")+` WHERE feed = 't' AND seq <= $1::bigint`, int64(first)).Scan(&stale); err != nil {
+		t.Fatal(err)
+	}
+	if stale != 0 {
+		t.Fatalf("%d rows are still at the first backfill's seqs; want every key copied again above them", stale)
+	}
+}
+
 // TestBackfillNewGeneration: a backfill into a new generation empties the
 // feed of what the table no longer holds (here a key written by Write
 // directly) and fills it in one transaction; sinks see one new generation.

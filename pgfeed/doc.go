@@ -497,7 +497,13 @@
 // after the batch read it would keep the batch's copy; and a restamp above
 // the reservation would put the feed's older row above the copy. While it
 // waits for its reservation a batch holds nothing else, so no writer that
-// holds the feed lock can come to wait for it.
+// holds the feed lock can come to wait for it. A batch inserts its rows
+// plainly first, in a savepoint, and upserts them only when that insert
+// meets a key the feed holds already: a table's first backfill meets few,
+// and a plain insert skips the upsert's speculative insertion. Its rows
+// can still wait for a writer's uncommitted row of the same key while that
+// writer comes to wait for one of the batch's; PostgreSQL then rolls one of
+// the two back, and when it is the batch, the batch is copied again.
 // On a single connection, or with Workers 1, batches take the feed lock in
 // turn as above.
 //

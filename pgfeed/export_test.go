@@ -67,5 +67,10 @@ func SealRoundGated(ctx context.Context, s *Store, f feed.FeedName, locked chan<
 func WriteLockKey(s *Store, f feed.FeedName) int64 { return s.writeKey(f) }
 
 // AfterReserve has fn run after each reservation of an in-place
-// backfill's batch copied beside others, before the batch reads.
-func AfterReserve(s *Store, fn func()) { s.afterReserve = fn }
+// backfill's batch copied beside others, before the batch reads, with the
+// batch's share.
+func AfterReserve(s *Store, fn func(share int)) { s.afterReserve = fn }
+
+// OnBatch has fn told of each in-place backfill batch's statement that
+// ran: whether it inserted its rows plainly, and its error.
+func OnBatch(s *Store, fn func(plain bool, err error)) { s.onBatch = fn }

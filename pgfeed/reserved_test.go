@@ -5,10 +5,12 @@ import (
 	"errors"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/pgfeed"
@@ -154,7 +156,7 @@ func backfillMeetsAWriter(t *testing.T, held bool) {
 	}
 	var once sync.Once
 	writers := make(chan pgx.Tx, 1)
-	pgfeed.AfterReserve(e.s, func() {
+	pgfeed.AfterReserve(e.s, func(int) {
 		once.Do(func() {
 			tx, err := e.d.pool.Begin(ctx)
 			if err != nil {
@@ -200,7 +202,7 @@ func TestBackfillRetryParkedWaitsForABatch(t *testing.T) {
 	e.exec(t, `INSERT INTO `+e.q("feed_parked")+` (feed, sink, key, seq, reason, parked_at) VALUES ('t', 's', '5', 1, 'refused', now())`)
 	var once sync.Once
 	retried := make(chan error, 1)
-	pgfeed.AfterReserve(e.s, func() {
+	pgfeed.AfterReserve(e.s, func(int) {
 		once.Do(func() {
 			go func() {
 				ok, err := e.s.RetryParked(ctx, feed.SinkID{Feed: "t", Sink: "s"}, "5")
@@ -269,4 +271,67 @@ func TestBackfillBatchWaitsHoldingNoTableLock(t *testing.T) {
 		t.Fatalf("Backfill: %v", err)
 	}
 	e.same(t, "backfill past a writer that locked the table", "t", e.want(t, table))
+}
+
+// TestBackfillCopiesADeadlockedBatchAgain: right after the seqs of the
+// first share's batch are reserved, a writer changes key 5. The batch
+// copies keys 1 to 4 and waits for the writer's row of 5; the writer then
+// changes key 3 and waits for the batch, which holds its copy of 3.
+// PostgreSQL ends the deadlock by rolling the batch back (the writer's
+// session waits longer before it looks for one). The backfill must copy
+// the batch again, not fail, and end with the writer's changes in the
+// feed.
+func TestBackfillCopiesADeadlockedBatchAgain(t *testing.T) {
+	t.Parallel()
+	e, table := backfillEnv(t, 20)
+	ctx := t.Context()
+	var deadlocks atomic.Int32
+	pgfeed.OnBatch(e.s, func(_ bool, err error) {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+			deadlocks.Add(1)
+		}
+	})
+	var once sync.Once
+	writers := make(chan pgx.Tx, 1)
+	pgfeed.AfterReserve(e.s, func(share int) {
+		if share != 0 {
+			return
+		}
+		once.Do(func() {
+			tx, err := e.d.pool.Begin(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := tx.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+				t.Error(err)
+			}
+			if _, err := tx.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s first' WHERE id = 5`); err != nil {
+				t.Error(err)
+			}
+			writers <- tx
+		})
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}})
+		done <- err
+	}()
+	writer := <-writers
+	e.waitBlockedOn(t, "WITH b AS MATERIALIZED")
+	if _, err := writer.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s second' WHERE id = 3`); err != nil {
+		_ = writer.Rollback(ctx)
+		t.Fatalf("the writer's second change: %v; want the batch, not the writer, rolled back", err)
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Backfill: %v", err)
+	}
+	if deadlocks.Load() == 0 {
+		t.Fatal("no batch met a deadlock; the test did not set up the one it is about")
+	}
+	e.same(t, "backfill past a deadlock", "t", e.want(t, table))
 }

@@ -55,9 +55,20 @@ type Store struct {
 	// string), which names the feed's capture document function.
 	changeSeals sync.Map
 	// afterReserve, when a test sets it, runs after each reservation of an
-	// in-place backfill's batch, before the batch reads (see
-	// inPlaceRun.parallel).
-	afterReserve func()
+	// in-place backfill's batch, before the batch reads, with the batch's
+	// share (see inPlaceRun.parallel).
+	afterReserve func(share int)
+	// onBatch, when a test sets it, is told of each in-place batch
+	// statement that ran: whether it inserted plainly (see
+	// inPlaceRun.batch), and its error.
+	onBatch func(plain bool, err error)
+}
+
+// testBatch tells a test's onBatch of an in-place batch's statement.
+func (s *Store) testBatch(plain bool, err error) {
+	if s.onBatch != nil {
+		s.onBatch(plain, err)
+	}
 }
 
 var (
