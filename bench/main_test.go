@@ -45,7 +45,7 @@ func TestSmoke(t *testing.T) {
 	}
 	want := map[string]bool{}
 	for _, id := range []string{"P1", "P1 app", "P2", "P3 p99", "P3 p50", "P3 vs 1s", "P3 vs 1ms", "P3 idle q", "P3 idle q 1s", "P3 idle WAL", "P3c p99", "P3c p50", "P3c idle q",
-		"P4 vs 100", "P4 vs 1000", "P5a", "P5b", "P6", "P6 notify", "P6c", "P6 batched", "P6c batched", "D", "C", "M p50", "M p99", "S memfeed", "S pgtable", "S mysql", "S webhook", "S webhook signed", "S webhook hmac", "S kafka", "S bleve", "S nats", "S redis", "K update", "K update floor", "K update unchanged", "K update concurrent", "K update concurrent sealed", "K writers", "K writers concurrent", "K backfill", "K backfill floor", "K backfill concurrent", "K backfill new generation", "K backfill rebuild", "K backfill floor parallel"} {
+		"P4 vs 100", "P4 vs 1000", "P5a", "P5b", "P6", "P6 notify", "P6c", "P6 batched", "P6c batched", "D", "C", "M p50", "M p99", "S memfeed", "S pgtable", "S mysql", "S webhook", "S webhook signed", "S webhook hmac", "S kafka", "S bleve", "S nats", "S redis", "K update", "K update floor", "K update unchanged", "K update concurrent", "K update concurrent sealed", "K writers", "K writers concurrent", "K backfill", "K backfill floor", "K backfill concurrent", "K backfill new generation", "K backfill rebuild", "K backfill again", "K backfill floor parallel"} {
 		want[id] = true
 	}
 	var b strings.Builder
