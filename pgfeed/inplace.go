@@ -266,9 +266,9 @@ const maxPlainBackoff = 32
 // violation, and the batch rolls back to the savepoint and upserts. A
 // failed try costs at most one batch's insert, so after one the share's
 // next batches upsert without trying, 1, 2, 4 … up to maxPlainBackoff of
-// them, until a try succeeds: a feed that holds most keys wastes a
-// thirty-second of its batches, and a table whose writers touch a key in
-// every batch no more.
+// them, until a try succeeds: in a feed that holds most keys, or a table
+// whose writers touch a key in every batch, after the first few at most
+// one batch in 33 tries in vain.
 func (r *inPlaceRun) batch(tx pgx.Tx, sh *backfillShare, limit int64, reserved bool, first int64) (int64, []string, error) {
 	k, at := sh.kindOf(reserved)
 	var n int64
