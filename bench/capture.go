@@ -540,12 +540,14 @@ SELECT count(*), max(b.id) FROM b`, after, batch, upTo).Scan(&got, &last)
 		}
 		return float64(n[0]+n[1]) / time.Since(start).Seconds(), nil
 	}
-	// rebuild is the new-generation backfill of the first feed while it
-	// holds the whole table already, as a rebuild finds it: the reset
-	// deletes every row before the copy writes them again. The filling
-	// backfill before it is not timed.
-	rebuild := func() (float64, error) {
-		if _, err := backfill("k_bf", true); err != nil {
+	// refill times a backfill of the first feed, a new generation (fresh)
+	// or in place, while it holds every key already: an untimed backfill
+	// of the same kind fills it first. As a new generation it is a
+	// rebuild, whose reset deletes every row before the copy writes them
+	// again; in place, each batch's plain insert meets a key the feed
+	// holds, and the batch upserts.
+	refill := func(fresh bool) (float64, error) {
+		if _, err := backfill("k_bf", fresh); err != nil {
 			return 0, err
 		}
 		if _, err := admin.Exec(ctx, `VACUUM `+s.table("rows")); err != nil {
@@ -555,26 +557,7 @@ SELECT count(*), max(b.id) FROM b`, after, batch, upTo).Scan(&got, &last)
 			return 0, err
 		}
 		start := time.Now()
-		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: "k_bf", NewGeneration: true, Progress: func(pgfeed.BackfillProgress) {}})
-		if err != nil {
-			return 0, err
-		}
-		return float64(res.Rows) / time.Since(start).Seconds(), nil
-	}
-	// again is the in-place backfill of the first feed while it holds
-	// every key already; the filling backfill before it is not timed.
-	again := func() (float64, error) {
-		if _, err := backfill("k_bf", false); err != nil {
-			return 0, err
-		}
-		if _, err := admin.Exec(ctx, `VACUUM `+s.table("rows")); err != nil {
-			return 0, err
-		}
-		if err := checkpoint(); err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: "k_bf", Progress: func(pgfeed.BackfillProgress) {}})
+		res, err := st.Backfill(ctx, pgfeed.BackfillOptions{Feed: "k_bf", NewGeneration: fresh, Progress: func(pgfeed.BackfillProgress) {}})
 		if err != nil {
 			return 0, err
 		}
@@ -588,8 +571,8 @@ SELECT count(*), max(b.id) FROM b`, after, batch, upTo).Scan(&got, &last)
 		func() (float64, error) { return backfill("k_bfc", false) },
 		func() (float64, error) { return backfill("k_bf", true) },
 		floorParallel,
-		rebuild,
-		again,
+		func() (float64, error) { return refill(true) },
+		func() (float64, error) { return refill(false) },
 	}
 	names := [8]string{"in place", "scan", "floor", "in place, concurrent mode", "new generation", "floor parallel", "rebuild", "in place again"}
 	var out [8]float64

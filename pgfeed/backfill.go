@@ -165,12 +165,13 @@ func positionAt(c *capture, p string) string {
 }
 
 // batchRead is the head of every backfill batch's statement, its last
-// CTE left open for the batch's own to follow: b, up to limit rows of c's table in key order from where
-// (batchKind.where), with their key and document; n, how many and the last
-// one's key columns as text; and x, which hands the rows the feed refuses
-// to the write function (feed, channel and key the parameters of its
-// feed, channel and write lock key), which refuses them with its own error
-// before anything is written, so the statement fails.
+// CTE left open for the batch's own to follow: b, up to limit rows of c's
+// table in key order from where (batchKind.where), with their key and
+// document; n, how many and the last one's key columns as text; and x,
+// which hands the rows the feed refuses to the write function (feed,
+// channel and key the parameters of its feed, channel and write lock key),
+// which refuses them with its own error before anything is written, so the
+// statement fails.
 func (s *Store) batchRead(c *capture, where, limit, feedP, channel, key string) string {
 	cols, order, pos, tuple := keyParts(c)
 	return `WITH b AS MATERIALIZED (
@@ -419,18 +420,16 @@ ON CONFLICT (feed) DO UPDATE SET version = excluded.version, position = NULL, ro
 	}
 	r := &inPlaceRun{s: s, ctx: ctx, opts: opts, c: c, st: st, fail: fail, shares: shares}
 	r.res.Resumed = resumed
+	unfinished := 0
 	for _, sh := range shares {
 		r.res.Rows += sh.rows
+		if !sh.done {
+			unfinished++
+		}
 	}
 	r.report = func(done bool) {
 		res, copied = r.res, r.copied
 		report(done)
-	}
-	unfinished := 0
-	for _, sh := range shares {
-		if !sh.done {
-			unfinished++
-		}
 	}
 	if onPool && workers > 1 && unfinished > 1 {
 		err = r.parallel(pool)

@@ -158,22 +158,12 @@ func backfillMeetsAWriter(t *testing.T, held bool) {
 	writers := make(chan pgx.Tx, 1)
 	pgfeed.AfterReserve(e.s, func(int) {
 		once.Do(func() {
-			tx, err := e.d.pool.Begin(ctx)
-			if err != nil {
-				t.Error(err)
-				return
+			if tx := e.openWriter(ctx, t, `UPDATE `+e.q("t")+` SET v = 'the writer''s' WHERE id IN (5, 15)`); tx != nil {
+				writers <- tx
 			}
-			if _, err := tx.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s' WHERE id IN (5, 15)`); err != nil {
-				t.Error(err)
-			}
-			writers <- tx
 		})
 	})
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}})
-		done <- err
-	}()
+	done := e.backfillAside(ctx)
 	e.waitBlockedOn(t, "WITH b AS MATERIALIZED")
 	if err := (<-writers).Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -252,11 +242,7 @@ func TestBackfillBatchWaitsHoldingNoTableLock(t *testing.T) {
 	if _, err := w.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s' WHERE id = 1`); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}})
-		done <- err
-	}()
+	done := e.backfillAside(ctx)
 	e.waitBlockedOn(t, "WITH g AS")
 	if _, err := w.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
 		t.Fatal(err)
@@ -299,25 +285,13 @@ func TestBackfillCopiesADeadlockedBatchAgain(t *testing.T) {
 			return
 		}
 		once.Do(func() {
-			tx, err := e.d.pool.Begin(ctx)
-			if err != nil {
-				t.Error(err)
-				return
+			if tx := e.openWriter(ctx, t, `SET LOCAL deadlock_timeout = '60s'`,
+				`UPDATE `+e.q("t")+` SET v = 'the writer''s first' WHERE id = 5`); tx != nil {
+				writers <- tx
 			}
-			if _, err := tx.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-				t.Error(err)
-			}
-			if _, err := tx.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s first' WHERE id = 5`); err != nil {
-				t.Error(err)
-			}
-			writers <- tx
 		})
 	})
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}})
-		done <- err
-	}()
+	done := e.backfillAside(ctx)
 	writer := <-writers
 	e.waitBlockedOn(t, "WITH b AS MATERIALIZED")
 	if _, err := writer.Exec(ctx, `UPDATE `+e.q("t")+` SET v = 'the writer''s second' WHERE id = 3`); err != nil {
@@ -334,4 +308,32 @@ func TestBackfillCopiesADeadlockedBatchAgain(t *testing.T) {
 		t.Fatal("no batch met a deadlock; the test did not set up the one it is about")
 	}
 	e.same(t, "backfill past a deadlock", "t", e.want(t, table))
+}
+
+// backfillAside starts a backfill of feed t copied from two connections, in
+// batches of 100, and returns where its error will arrive.
+func (e capEnv) backfillAside(ctx context.Context) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.s.Backfill(ctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: 2, Progress: func(pgfeed.BackfillProgress) {}})
+		done <- err
+	}()
+	return done
+}
+
+// openWriter begins a transaction and runs stmts in it, for a writer the
+// test holds open; nil if it could not begin. It reports with t.Error, as
+// the backfill's hooks that call it run outside the test's goroutine.
+func (e capEnv) openWriter(ctx context.Context, t *testing.T, stmts ...string) pgx.Tx {
+	tx, err := e.d.pool.Begin(ctx)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	for _, q := range stmts {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Error(err)
+		}
+	}
+	return tx
 }

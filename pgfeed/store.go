@@ -370,7 +370,6 @@ func (s *Store) QueueWrite(b *pgx.Batch, f feed.FeedName, changes []feed.Change,
 	return nil
 }
 
-// writeKey is f's write lock (statements.shareWrite), cached per feed.
 // roundKey is the advisory key of f's round lock: a sealing round and
 // RetryParked take it exclusive before the feed lock, and a batch of an
 // in-place backfill that runs beside other batches takes it shared before
@@ -386,6 +385,7 @@ func (s *Store) roundKey(f feed.FeedName) int64 {
 	return lockKey("round", s.names.schema, s.names.prefix, string(f))
 }
 
+// writeKey is f's write lock (statements.shareWrite), cached per feed.
 func (s *Store) writeKey(f feed.FeedName) int64 {
 	if k, ok := s.writeKeys.Load(f); ok {
 		return k.(int64)
