@@ -316,9 +316,6 @@ func (d *decoder) check(c *Config, types map[string]SinkType) {
 			d.fail("database."+inv.Field, at("database."+inv.Field), "%s", inv.Reason)
 		}
 	}
-	if c.Database.URL == "" && at("database.url") != nil && !d.failed("database.url") {
-		d.fail("database.url", at("database.url"), "is empty")
-	}
 	for i := range c.Feeds {
 		fd := &c.Feeds[i]
 		fp := "feeds." + fd.Name
@@ -342,7 +339,7 @@ func (d *decoder) check(c *Config, types map[string]SinkType) {
 				d.fail(sp, at(sp), "is not a sink name: %s", reason(err))
 			}
 			if s.Type == "" {
-				continue // reported as required, or as the wrong kind
+				continue // reported as required, as empty, or as the wrong kind
 			}
 			st, ok := types[s.Type]
 			if !ok {

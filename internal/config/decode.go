@@ -384,7 +384,13 @@ func (d *decoder) decodeStruct(path string, n ast.Node, v reflect.Value) {
 			d.fail(join(path, name), p.Key, "%s", msg)
 			continue
 		}
-		d.decode(join(path, name), p.Value, v.Field(fs[i].index))
+		fv := v.Field(fs[i].index)
+		d.decode(join(path, name), p.Value, fv)
+		// A required string set to "" is as missing as one left out: a
+		// sink's type, a database URL, a sink's server.
+		if fs[i].required && fv.Kind() == reflect.String && fv.String() == "" && !d.failed(join(path, name)) {
+			d.fail(join(path, name), p.Value, "is empty")
+		}
 	}
 	if rest >= 0 {
 		v.Field(rest).Set(reflect.ValueOf(Raw{Node: n, Path: path}))
