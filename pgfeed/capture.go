@@ -709,34 +709,56 @@ func (s *Store) captureDDL(c *capture) string {
 	// the locked mode record returns false and the trigger goes on to write
 	// the change set with its documents, as a capture with a document
 	// expression always does.
+	//
+	// The keys come first, each event in one branch, and an empty set ends
+	// the call: every statement fires the trigger, and what a single-row
+	// write pays for it is mostly PL/pgSQL's price per statement and per
+	// expression, each of which is set up again in every transaction.
+	// Written this way, a single-row UPDATE runs three expressions and one
+	// query fewer than the earlier order (a probe, then a test of each
+	// event again), which took about a quarter of what the trigger added
+	// to it (BENCHMARKS.md).
+	// The CASE keeps record from a TRUNCATE, which has no keys (k is NULL):
+	// record would report the concurrent mode, and the reset below would be
+	// skipped; a CASE, unlike OR, runs its branches in the order written.
+	// (It is in parentheses because PL/pgSQL ends an IF's condition at the
+	// first THEN outside them.)
 	keyed := ""
 	if c.keyed {
-		keyed = fmt.Sprintf(`    IF TG_OP <> 'TRUNCATE' THEN
-        IF TG_OP = 'INSERT' THEN
-            k := ARRAY(SELECT %[1]s FROM kairos_new AS r);
-        ELSIF TG_OP = 'UPDATE' THEN
-            k := ARRAY(SELECT %[1]s FROM kairos_new AS r
-                UNION ALL
-                SELECT o.key FROM (SELECT %[1]s AS key FROM kairos_old AS r) AS o
-                WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[1]s = o.key));
-        ELSE
-            k := ARRAY(SELECT %[1]s FROM kairos_old AS r);
-        END IF;
-        IF cardinality(k) = 0 OR %[2]s(%[3]s, k, %[4]d) THEN
-            RETURN NULL;
-        END IF;
+		keyed = fmt.Sprintf(`    IF TG_OP = 'INSERT' THEN
+        k := ARRAY(SELECT %[1]s FROM kairos_new AS r);
+    ELSIF TG_OP = 'UPDATE' THEN
+        k := ARRAY(SELECT %[1]s FROM kairos_new AS r
+            UNION ALL
+            SELECT o.key FROM (SELECT %[1]s AS key FROM kairos_old AS r) AS o
+            WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[1]s = o.key));
+    ELSIF TG_OP = 'DELETE' THEN
+        k := ARRAY(SELECT %[1]s FROM kairos_old AS r);
+    END IF;
+    IF (CASE WHEN k IS NULL THEN false WHEN cardinality(k) = 0 THEN true ELSE %[2]s(%[3]s, k, %[4]d) END) THEN
+        RETURN NULL;
     END IF;
 `, keyC, s.names.table("record"), feedLit, s.writeKey(c.spec.Feed))
 	}
 	// An INSERT … ON CONFLICT DO UPDATE fires the UPDATE statement trigger
 	// whether or not it updated a row, so every upsert that only inserted
-	// reaches it with empty transition tables; the probe for a row costs a
-	// fraction of the key query below it, which PostgreSQL otherwise starts
-	// for nothing (about 4 µs of the 30 the trigger added to a single-row
+	// reaches it with empty transition tables; in a capture with a
+	// document expression, the probe for a row costs a fraction of the
+	// document query below it, which PostgreSQL otherwise starts for
+	// nothing (about 4 µs of the 30 the trigger added to a single-row
 	// upsert). The probe is a statement of its own: in one expression with
 	// the test of TG_OP, it would be planned for a DELETE, which has no new
-	// rows to name.
-	//
+	// rows to name. A keyed capture needs none: its key query has found
+	// the set empty and returned.
+	probe := ""
+	if !c.keyed {
+		probe = `    IF TG_OP = 'UPDATE' THEN
+        IF NOT EXISTS (SELECT FROM kairos_new) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+`
+	}
 	// The function runs as its owner, the role that ran Capture, so that
 	// the table's writers need no right on the feed's schema, tables or
 	// functions. That lends a writer nothing it could turn elsewhere:
@@ -758,12 +780,7 @@ DECLARE
     k text[];
     d jsonb[];
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        IF NOT EXISTS (SELECT FROM kairos_new) THEN
-            RETURN NULL;
-        END IF;
-    END IF;
-%[14]s    IF TG_OP = 'INSERT' THEN
+%[14]s%[15]s    IF TG_OP = 'INSERT' THEN
         SELECT array_agg(%[4]s), array_agg(%[5]s) INTO k, d FROM kairos_new AS r;
     ELSIF TG_OP = 'UPDATE' THEN
         SELECT array_agg(c.key), array_agg(c.doc) INTO k, d FROM (
@@ -781,7 +798,7 @@ BEGIN
 END
 $kairos$;
 REVOKE ALL ON FUNCTION %[3]s() FROM PUBLIC;
-`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed), keyed)
+`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed), keyed, probe)
 	{
 		// The document of each recorded key, as the table has it in the
 		// caller's snapshot: the row found by the key's columns (the key
