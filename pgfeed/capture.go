@@ -716,7 +716,7 @@ func (s *Store) captureDDL(c *capture) string {
 	// expression, each of which is set up again in every transaction.
 	// Written this way, a single-row UPDATE runs three expressions and one
 	// query fewer than the earlier order (a probe, then a test of each
-	// event again), which took about a quarter of what the trigger added
+	// event again), which took about 30% of what the trigger added
 	// to it (BENCHMARKS.md).
 	// The CASE keeps record from a TRUNCATE, which has no keys (k is NULL):
 	// record would report the concurrent mode, and the reset below would be
