@@ -713,11 +713,16 @@ func (s *Store) captureDDL(c *capture) string {
 	// The keys come first, each event in one branch, and an empty set ends
 	// the call: every statement fires the trigger, and what a single-row
 	// write pays for it is mostly PL/pgSQL's price per statement and per
-	// expression, each of which is set up again in every transaction.
-	// Written this way, a single-row UPDATE runs three expressions and one
-	// query fewer than the earlier order (a probe, then a test of each
-	// event again), which took about 30% of what the trigger added
-	// to it (BENCHMARKS.md).
+	// expression, each of which is set up again in every transaction. An
+	// INSERT … ON CONFLICT DO UPDATE fires the UPDATE statement trigger
+	// whether or not it updated a row, so every upsert that only inserted
+	// reaches it with empty transition tables; the UPDATE branch probes for
+	// a new row before it starts its key query, whose plan costs more to
+	// start than the probe's (without the probe such an upsert paid about
+	// 10% more trigger time). Written this way, a single-row UPDATE and an
+	// upsert run two to three tests of TG_OP fewer than the earlier order
+	// (which probed, then tested each event again), about 20% and 15% of
+	// the trigger time they paid (BENCHMARKS.md); an INSERT pays as before.
 	// The CASE keeps record from a TRUNCATE, which has no keys (k is NULL):
 	// record would report the concurrent mode, and the reset below would be
 	// skipped; a CASE, unlike OR, runs its branches in the order written.
@@ -728,6 +733,9 @@ func (s *Store) captureDDL(c *capture) string {
 		keyed = fmt.Sprintf(`    IF TG_OP = 'INSERT' THEN
         k := ARRAY(SELECT %[1]s FROM kairos_new AS r);
     ELSIF TG_OP = 'UPDATE' THEN
+        IF NOT EXISTS (SELECT FROM kairos_new) THEN
+            RETURN NULL;
+        END IF;
         k := ARRAY(SELECT %[1]s FROM kairos_new AS r
             UNION ALL
             SELECT o.key FROM (SELECT %[1]s AS key FROM kairos_old AS r) AS o
@@ -740,16 +748,13 @@ func (s *Store) captureDDL(c *capture) string {
     END IF;
 `, keyC, s.names.table("record"), feedLit, s.writeKey(c.spec.Feed))
 	}
-	// An INSERT … ON CONFLICT DO UPDATE fires the UPDATE statement trigger
-	// whether or not it updated a row, so every upsert that only inserted
-	// reaches it with empty transition tables; in a capture with a
-	// document expression, the probe for a row costs a fraction of the
-	// document query below it, which PostgreSQL otherwise starts for
-	// nothing (about 4 µs of the 30 the trigger added to a single-row
-	// upsert). The probe is a statement of its own: in one expression with
-	// the test of TG_OP, it would be planned for a DELETE, which has no new
-	// rows to name. A keyed capture needs none: its key query has found
-	// the set empty and returned.
+	// A capture with a document expression probes the same way before its
+	// document queries, which would otherwise start for nothing (the probe
+	// saved about 4 µs of the 30 the trigger added to a single-row upsert
+	// that inserted). Each probe is a statement
+	// of its own: in one expression with the test of TG_OP, it would be
+	// planned for a DELETE, which has no new rows to name. A keyed capture
+	// reaches the document queries only with keys, or for a TRUNCATE.
 	probe := ""
 	if !c.keyed {
 		probe = `    IF TG_OP = 'UPDATE' THEN
