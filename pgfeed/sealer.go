@@ -245,8 +245,9 @@ const takeRoundLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 
 // sealRound is one round: the round lock and the feed lock (sealLock),
 // then the seal when pending says the feed has unsealed rows and
-// sealChanges when recorded says it has recorded changes (a probe's answers: a source it leaves out
-// waits for the next round), in one transaction. It returns how many
+// sealChanges when recorded says it has recorded changes (a probe's
+// answers: a source it leaves out waits for the next round), in one
+// transaction. It returns how many
 // writes it took: unsealed rows sealed, and recorded keys read (sealed or
 // found unchanged). Sent as one batch where db can (a pool, a
 // connection), that is one round trip and one commit: a batch outside a
