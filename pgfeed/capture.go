@@ -718,16 +718,29 @@ func (s *Store) captureDDL(c *capture) string {
 	// whether or not it updated a row, so every upsert that only inserted
 	// reaches it with empty transition tables; the UPDATE branch probes for
 	// a new row before it starts its key query, whose plan costs more to
-	// start than the probe's (without the probe such an upsert paid about
-	// 10% more trigger time). Written this way, a single-row UPDATE and an
-	// upsert run two to three tests of TG_OP fewer than the earlier order
-	// (which probed, then tested each event again), about 20% and 15% of
-	// the trigger time they paid (BENCHMARKS.md); an INSERT pays as before.
-	// The CASE keeps record from a TRUNCATE, which has no keys (k is NULL):
-	// record would report the concurrent mode, and the reset below would be
-	// skipped; a CASE, unlike OR, runs its branches in the order written.
-	// (It is in parentheses because PL/pgSQL ends an IF's condition at the
-	// first THEN outside them.)
+	// start than the probe's.
+	//
+	// The common case is then written out here rather than left to record:
+	// the feed's write lock shared, then, in a statement of its own (so
+	// with a snapshot taken after the lock), the keys inserted into the
+	// changes table if the feed is in the concurrent mode, the transaction
+	// in READ COMMITTED, and no key can be one the feed refuses (none is
+	// NULL or empty, and all of them together fit in one key's 512 bytes).
+	// In exactly those cases record would insert the same row and do
+	// nothing else; calling it, with its own statements and expressions,
+	// cost about a tenth of the instructions the trigger adds to a
+	// single-row write. Any other case inserts nothing here and goes on to
+	// record, which takes the lock again (a lock the transaction holds does
+	// not block it), checks the snapshot in the other isolation levels,
+	// refuses a bad key, or reports the locked mode. The lock is taken in
+	// the CASE that ends the call when there are no keys, so it costs no
+	// statement of its own (it returns void, which is not NULL). Both CASEs
+	// keep a TRUNCATE, which has no keys (k is NULL), from the lock and
+	// from record: record would report the concurrent mode, and the reset
+	// below would be skipped; a CASE, unlike OR, runs its branches in the
+	// order written. (Each is in parentheses because PL/pgSQL ends an IF's
+	// condition at the first THEN outside them.) The insert's test of
+	// cardinality keeps a TRUNCATE's NULL out of the changes table.
 	noNewRows := `        IF NOT EXISTS (SELECT FROM kairos_new) THEN
             RETURN NULL;
         END IF;
@@ -744,10 +757,22 @@ func (s *Store) captureDDL(c *capture) string {
     ELSIF TG_OP = 'DELETE' THEN
         k := ARRAY(SELECT %[1]s FROM kairos_old AS r);
     END IF;
-    IF (CASE WHEN k IS NULL THEN false WHEN cardinality(k) = 0 THEN true ELSE %[2]s(%[3]s, k, %[4]d) END) THEN
+    IF (CASE WHEN k IS NULL THEN false WHEN cardinality(k) = 0 THEN true ELSE pg_advisory_xact_lock_shared(%[4]d) IS NULL END) THEN
         RETURN NULL;
     END IF;
-`, keyC, s.names.table("record"), feedLit, s.writeKey(c.spec.Feed), noNewRows)
+    INSERT INTO %[6]s (feed, n, keys)
+    SELECT %[3]s, cardinality(k), k FROM %[7]s AS g
+    WHERE g.feed = %[3]s AND g.write_mode = 'concurrent' AND cardinality(k) > 0
+        AND current_setting('transaction_isolation') IN ('read committed', 'read uncommitted')
+        AND array_position(k, NULL) IS NULL AND array_position(k, ''::text) IS NULL
+        AND octet_length(array_to_string(k, '')) <= 512;
+    IF FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF (CASE WHEN k IS NULL THEN false ELSE %[2]s(%[3]s, k, %[4]d) END) THEN
+        RETURN NULL;
+    END IF;
+`, keyC, s.names.table("record"), feedLit, s.writeKey(c.spec.Feed), noNewRows, s.names.table("changes"), s.names.table("generations"))
 	}
 	// A capture with a document expression probes the same way before its
 	// document queries, which would otherwise start for nothing (the probe
