@@ -41,5 +41,6 @@ func ExampleMigrations() {
 	// pgfeed 10 0010_stores - "app"."outbox_migrations" "app"."outbox_stores"
 	// pgfeed 11 0011_reserved - "app"."outbox_migrations" "app"."outbox_reserved" "app"."outbox_backfill_shares"
 	// pgfeed 12 0012_changes_check - "app"."outbox_migrations"
+	// pgfeed 13 0013_pinned_path - "app"."outbox_migrations"
 	// invalid input: schema: has 'A' at offset 0; it must match ^[a-z_][a-z0-9_]*$
 }

@@ -172,14 +172,22 @@ func TestMigrateRecordsConcurrentFeeds(t *testing.T) {
 	if _, err := pool.Exec(t.Context(), `INSERT INTO `+q+`feed_generations (feed, head, write_mode) VALUES ('c', 1, 'concurrent'), ('l', 1, 'locked')`); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema}); err != nil || !slices.Equal(got, []int{8, 9, 10, 11, 12}) {
-		t.Fatalf("Migrate = %v, %v; want migrations 8 to 12 applied", got, err)
+	if got, err := pgfeed.Migrate(t.Context(), pool, pgfeed.Options{Schema: schema}); err != nil || !slices.Equal(got, []int{8, 9, 10, 11, 12, 13}) {
+		t.Fatalf("Migrate = %v, %v; want migrations 8 to 13 applied", got, err)
 	}
 	// Migration 12 drops the changes table's check of n, which every
 	// insert paid for, whatever PostgreSQL named it.
 	var checks int
 	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_constraint WHERE conrelid = '`+q+`feed_changes'::regclass AND contype = 'c'`).Scan(&checks); err != nil || checks != 0 {
 		t.Fatalf("after the migration the changes table has %d checks (%v); want none", checks, err)
+	}
+	// Migration 13 pins the search_path of the functions a keyed capture
+	// trigger calls, which no longer pins it for them.
+	var pinned []string
+	if err := pool.QueryRow(t.Context(), `SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc p
+		WHERE p.pronamespace = $1::regnamespace AND p.proname IN ('feed_record', 'feed_write', 'feed_reset')
+		AND 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig)`, schema).Scan(&pinned); err != nil || !slices.Equal(pinned, []string{"feed_record", "feed_reset", "feed_write"}) {
+		t.Fatalf("after the migration the functions with search_path pinned are %v (%v); want feed_record, feed_reset and feed_write", pinned, err)
 	}
 	switched := func() []string {
 		t.Helper()
