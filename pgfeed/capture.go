@@ -173,6 +173,13 @@ type capture struct {
 // quoteIdent quotes any identifier, doubling its double quotes.
 func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
 
+// rowDoc is the document of a whole row r.
+const rowDoc = "pg_catalog.to_jsonb(r)"
+
+// op is the binary or prefix operator name of pg_catalog, named with its
+// schema, for SQL that runs under a search_path a writer chose.
+func op(name string) string { return "OPERATOR(pg_catalog." + name + ")" }
+
 // quoteLiteral is s as a standard-conforming string literal.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
@@ -374,20 +381,23 @@ GROUP BY i.indexrelid`, c.relid)
 	}
 
 	// The key expression: one column's text, or the escaped texts joined.
+	// It and the document expression Kairos writes name every type,
+	// function and operator with its schema, since a keyed trigger runs
+	// them under the writer's search_path (see captureDDL).
 	if len(c.key) == 1 {
-		c.keyExpr = "(r." + quoteIdent(c.key[0].name) + ")::text"
+		c.keyExpr = "(r." + quoteIdent(c.key[0].name) + ")::pg_catalog.text"
 	} else {
 		parts := make([]string, len(c.key))
 		for i, col := range c.key {
-			parts[i] = "replace(replace((r." + quoteIdent(col.name) + ")::text, '%', '%25'), '/', '%2F')"
+			parts[i] = "pg_catalog.replace(pg_catalog.replace((r." + quoteIdent(col.name) + ")::pg_catalog.text, '%', '%25'), '/', '%2F')"
 		}
-		c.keyExpr = "(" + strings.Join(parts, " || '/' || ") + ")"
+		c.keyExpr = "(" + strings.Join(parts, " "+op("||")+" '/' "+op("||")+" ") + ")"
 	}
 
 	// The document expression.
 	switch {
 	case spec.Document != "":
-		c.docExpr = "(" + spec.Document + "\n)::jsonb"
+		c.docExpr = "(" + spec.Document + "\n)::pg_catalog.jsonb"
 	default:
 		drop := spec.Exclude
 		if len(spec.Include) > 0 {
@@ -398,13 +408,13 @@ GROUP BY i.indexrelid`, c.relid)
 				}
 			}
 		}
-		c.docExpr = "to_jsonb(r)"
+		c.docExpr = rowDoc
 		if len(drop) > 0 {
 			lits := make([]string, len(drop))
 			for i, d := range drop {
 				lits[i] = quoteLiteral(d)
 			}
-			c.docExpr = "(to_jsonb(r) - ARRAY[" + strings.Join(lits, ", ") + "]::text[])"
+			c.docExpr = "(" + rowDoc + " " + op("-") + " ARRAY[" + strings.Join(lits, ", ") + "]::pg_catalog.text[])"
 		}
 	}
 	// Check both expressions the way the trigger runs them, by preparing
@@ -656,7 +666,7 @@ func (s *Store) captureDDL(c *capture) string {
 	// Keys are compared as the feed compares them, byte by byte: under the
 	// column's own equality 1.0 = 1.00 (numeric) or 'A' = 'a' (citext), and
 	// a key whose text changed must still leave a tombstone.
-	keyC := "(" + c.keyExpr + `) COLLATE "C"`
+	keyC := "(" + c.keyExpr + `) COLLATE pg_catalog."C"`
 	// An UPDATE writes only the rows whose document changed. A row whose
 	// every column is unchanged, by record image (byte by byte, so 1.0 and
 	// 1.00 differ), keeps its document: that is the whole test for a
@@ -668,12 +678,13 @@ func (s *Store) captureDDL(c *capture) string {
 	// would see the change (jsonb's text is canonical, so equal text is an
 	// equal document).
 	// The comparisons are written so that neither can be a merge or hash
-	// key: joined on them, the planner sorted both sides by the whole row
-	// or document, on disk at 10k rows, where a hash join on the key and a
-	// filter cost a fraction.
-	newRec, oldCmp, unchanged := ", r AS rec", "r AS rec", "(o.rec *= n.rec) IS TRUE"
-	if c.spec.Document == "" && c.docExpr != "to_jsonb(r)" {
-		newRec, oldCmp, unchanged = "", c.docExpr+" AS doc", "o.doc::text IS NOT DISTINCT FROM n.doc::text"
+	// key (each is tested IS TRUE, not joined on): joined on them, the
+	// planner sorted both sides by the whole row or document, on disk at
+	// 10k rows, where a hash join on the key and a filter cost a fraction.
+	// A trimmed document is never NULL, so its = is IS NOT DISTINCT FROM.
+	newRec, oldCmp, unchanged := ", r AS rec", "r AS rec", "(o.rec "+op("*=")+" n.rec) IS TRUE"
+	if c.spec.Document == "" && c.docExpr != rowDoc {
+		newRec, oldCmp, unchanged = "", c.docExpr+" AS doc", "(o.doc::pg_catalog.text "+op("=")+" n.doc::pg_catalog.text) IS TRUE"
 	}
 	write, reset := s.names.table("write"), s.names.table("reset")
 	truncate := fmt.Sprintf(`    ELSE
@@ -685,20 +696,23 @@ func (s *Store) captureDDL(c *capture) string {
 		skip := quoteLiteral(c.skip)
 		// The partition's rows are read through a statement of its own
 		// name, ONLY, so a sub-partitioned table, whose partitions have
-		// triggers of their own, reads none.
-		rowsOf := quoteLiteral("SELECT array_agg(" + keyC + "), array_agg(NULL::jsonb) FROM ONLY ")
-		truncate = fmt.Sprintf(`    ELSIF TG_NAME = %[1]s THEN
-        PERFORM set_config(%[2]s, coalesce(',' || (SELECT string_agg(t.relid::oid::text, ',')
-            FROM pg_partition_tree(TG_RELID::regclass) AS t WHERE t.level > 0) || ',', ''), true);
+		// triggers of their own, reads none. The name is regclass's text,
+		// which leaves out the schema only when the search_path in force
+		// finds this very table by the bare name, and the statement is
+		// parsed under the same path.
+		rowsOf := quoteLiteral("SELECT pg_catalog.array_agg(" + keyC + "), pg_catalog.array_agg(NULL::pg_catalog.jsonb) FROM ONLY ")
+		truncate = fmt.Sprintf(`    ELSIF TG_NAME OPERATOR(pg_catalog.=) %[1]s THEN
+        PERFORM pg_catalog.set_config(%[2]s, coalesce(',' OPERATOR(pg_catalog.||) (SELECT pg_catalog.string_agg(t.relid::pg_catalog.oid::pg_catalog.text, ',')
+            FROM pg_catalog.pg_partition_tree(TG_RELID::pg_catalog.regclass) AS t WHERE t.level OPERATOR(pg_catalog.>) 0) OPERATOR(pg_catalog.||) ',', ''), true);
         RETURN NULL;
-    ELSIF TG_WHEN = 'AFTER' THEN
-        PERFORM set_config(%[2]s, '', true);
+    ELSIF TG_WHEN OPERATOR(pg_catalog.=) 'AFTER' THEN
+        PERFORM pg_catalog.set_config(%[2]s, '', true);
         PERFORM %[3]s(%[4]s, %[5]s, %[6]d);
         RETURN NULL;
-    ELSIF strpos(coalesce(current_setting(%[2]s, true), ''), ',' || TG_RELID::oid::text || ',') > 0 THEN
+    ELSIF pg_catalog.strpos(coalesce(pg_catalog.current_setting(%[2]s, true), ''), ',' OPERATOR(pg_catalog.||) TG_RELID::pg_catalog.text OPERATOR(pg_catalog.||) ',') OPERATOR(pg_catalog.>) 0 THEN
         RETURN NULL;
     ELSE
-        EXECUTE %[7]s || TG_RELID::regclass::text || ' AS r' INTO k, d;
+        EXECUTE %[7]s OPERATOR(pg_catalog.||) TG_RELID::pg_catalog.regclass::pg_catalog.text OPERATOR(pg_catalog.||) ' AS r' INTO k, d;
     END IF;
 `, quoteLiteral(c.before), skip, reset, feedLit, chanLit, s.writeKey(c.spec.Feed), rowsOf)
 	}
@@ -747,25 +761,27 @@ func (s *Store) captureDDL(c *capture) string {
 `
 	keyed := ""
 	if c.keyed {
-		keyed = fmt.Sprintf(`    IF TG_OP = 'INSERT' THEN
+		keyed = fmt.Sprintf(`    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         k := ARRAY(SELECT %[1]s FROM kairos_new AS r);
-    ELSIF TG_OP = 'UPDATE' THEN
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
 %[5]s        k := ARRAY(SELECT %[1]s FROM kairos_new AS r
             UNION ALL
             SELECT o.key FROM (SELECT %[1]s AS key FROM kairos_old AS r) AS o
-            WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[1]s = o.key));
-    ELSIF TG_OP = 'DELETE' THEN
+            WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[1]s OPERATOR(pg_catalog.=) o.key));
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         k := ARRAY(SELECT %[1]s FROM kairos_old AS r);
     END IF;
-    IF (CASE WHEN k IS NULL THEN false WHEN cardinality(k) = 0 THEN true ELSE pg_advisory_xact_lock_shared(%[4]d) IS NULL END) THEN
+    IF (CASE WHEN k IS NULL THEN false WHEN pg_catalog.cardinality(k) OPERATOR(pg_catalog.=) 0 THEN true
+        ELSE pg_catalog.pg_advisory_xact_lock_shared(%[4]d) IS NULL END) THEN
         RETURN NULL;
     END IF;
     INSERT INTO %[6]s (feed, n, keys)
-    SELECT %[3]s, cardinality(k), k FROM %[7]s AS g
-    WHERE g.feed = %[3]s AND g.write_mode = 'concurrent' AND cardinality(k) > 0
-        AND current_setting('transaction_isolation') IN ('read committed', 'read uncommitted')
-        AND array_position(k, NULL) IS NULL AND array_position(k, ''::text) IS NULL
-        AND octet_length(array_to_string(k, '')) <= 512;
+    SELECT %[3]s, pg_catalog.cardinality(k), k FROM %[7]s AS g
+    WHERE g.feed OPERATOR(pg_catalog.=) %[3]s AND g.write_mode OPERATOR(pg_catalog.=) 'concurrent'
+        AND pg_catalog.cardinality(k) OPERATOR(pg_catalog.>) 0
+        AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) ANY (ARRAY['read committed', 'read uncommitted'])
+        AND pg_catalog.array_position(k, NULL) IS NULL AND pg_catalog.array_position(k, ''::pg_catalog.text) IS NULL
+        AND pg_catalog.octet_length(pg_catalog.array_to_string(k, '')) OPERATOR(pg_catalog.<=) 512;
     IF FOUND THEN
         RETURN NULL;
     END IF;
@@ -783,7 +799,7 @@ func (s *Store) captureDDL(c *capture) string {
 	// queries only with keys, or for a TRUNCATE.
 	probe := ""
 	if !c.keyed {
-		probe = "    IF TG_OP = 'UPDATE' THEN\n" + noNewRows + "    END IF;\n"
+		probe = "    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN\n" + noNewRows + "    END IF;\n"
 	}
 	// The function runs as its owner, the role that ran Capture, so that
 	// the table's writers need no right on the feed's schema, tables or
@@ -791,40 +807,57 @@ func (s *Store) captureDDL(c *capture) string {
 	// PostgreSQL calls a trigger function only as a trigger, so all a
 	// writer can make it do is write the change its own statement made to
 	// the table into the one feed its body names; the document expression
-	// in the body is SQL of the owner's own; and search_path pinned to
-	// pg_catalog, then pg_temp, with every other name in the body
-	// qualified, leaves no object a writer creates to stand in for one it
-	// names. The owner could create triggers on the table, and writes the
-	// feed anyway. Firing a trigger checks no EXECUTE right (CREATE TRIGGER
-	// checks its creator's), so EXECUTE is revoked from PUBLIC at no cost
-	// to the writers.
+	// in the body is SQL of the owner's own; and no object a writer
+	// creates can stand in for one the body names. The owner could create
+	// triggers on the table, and writes the feed anyway. Firing a trigger
+	// checks no EXECUTE right (CREATE TRIGGER checks its creator's), so
+	// EXECUTE is revoked from PUBLIC at no cost to the writers.
+	//
+	// A function runs under its caller's search_path unless it pins its
+	// own, and a writer chooses its path: it may put a schema of its own
+	// ahead of pg_catalog, and pg_temp, where it may create types and
+	// tables, comes first unless the path places it. A keyed trigger
+	// names every type, function, operator and collation of its body with
+	// its schema (the ones PostgreSQL's grammar resolves itself, such as
+	// integer, coalesce or IS NULL, aside; a transition table comes before
+	// any table of the same name), and the functions it calls pin their
+	// own path (migration 13), so it runs under the writer's path, which
+	// saves the 12,000 instructions a pinned path costs each call, twice
+	// for every upsert. A capture with a document expression pins the
+	// path to pg_catalog, then pg_temp, as the expression was checked
+	// under it: the expression is the user's SQL, whose names Kairos does
+	// not qualify.
+	pin := ""
+	if !c.keyed {
+		pin = " SET search_path = pg_catalog, pg_temp"
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `-- Kairos capture of table %[1]s into feed %[2]s.
 CREATE OR REPLACE FUNCTION %[3]s() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $kairos$
+LANGUAGE plpgsql SECURITY DEFINER%[16]s AS $kairos$
 DECLARE
-    k text[];
-    d jsonb[];
+    k pg_catalog.text[];
+    d pg_catalog.jsonb[];
 BEGIN
-%[14]s%[15]s    IF TG_OP = 'INSERT' THEN
-        SELECT array_agg(%[4]s), array_agg(%[5]s) INTO k, d FROM kairos_new AS r;
-    ELSIF TG_OP = 'UPDATE' THEN
-        SELECT array_agg(c.key), array_agg(c.doc) INTO k, d FROM (
-            SELECT o.key, NULL::jsonb AS doc FROM (SELECT %[4]s AS key FROM kairos_old AS r) AS o
-            WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[4]s = o.key)
+%[14]s%[15]s    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+        SELECT pg_catalog.array_agg(%[4]s), pg_catalog.array_agg(%[5]s) INTO k, d FROM kairos_new AS r;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        SELECT pg_catalog.array_agg(c.key), pg_catalog.array_agg(c.doc) INTO k, d FROM (
+            SELECT o.key, NULL::pg_catalog.jsonb AS doc FROM (SELECT %[4]s AS key FROM kairos_old AS r) AS o
+            WHERE NOT EXISTS (SELECT FROM kairos_new AS r WHERE %[4]s OPERATOR(pg_catalog.=) o.key)
             UNION ALL
             SELECT n.key, n.doc FROM (SELECT %[4]s AS key, %[5]s AS doc%[8]s FROM kairos_new AS r) AS n
             WHERE NOT EXISTS (SELECT FROM (SELECT %[4]s AS key, %[9]s FROM kairos_old AS r) AS o
-                WHERE o.key = n.key AND %[10]s)
+                WHERE o.key OPERATOR(pg_catalog.=) n.key AND %[10]s)
         ) AS c;
-    ELSIF TG_OP = 'DELETE' THEN
-        SELECT array_agg(%[4]s), array_agg(NULL::jsonb) INTO k, d FROM kairos_old AS r;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+        SELECT pg_catalog.array_agg(%[4]s), pg_catalog.array_agg(NULL::pg_catalog.jsonb) INTO k, d FROM kairos_old AS r;
 %[11]s    PERFORM %[6]s(%[7]s, k, d, %[12]s, %[13]d);
     RETURN NULL;
 END
 $kairos$;
 REVOKE ALL ON FUNCTION %[3]s() FROM PUBLIC;
-`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed), keyed, probe)
+`, c.table, c.spec.Feed, c.fn, keyC, c.docExpr, write, feedLit, newRec, oldCmp, unchanged, truncate, chanLit, s.writeKey(c.spec.Feed), keyed, probe, pin)
 	{
 		// The document of each recorded key, as the table has it in the
 		// caller's snapshot: the row found by the key's columns (the key

@@ -326,7 +326,15 @@
 // lends a writer nothing), so the roles that write the table need only their
 // rights on the table: none on the feed's schema, tables or functions. The
 // document expression, and a partition's TRUNCATE trigger's read of its
-// rows, run as that role too. Capture, Uncapture and their SQL (CaptureSQL)
+// rows, run as that role too. A writer chooses its search_path, so nothing
+// that runs with that role's rights may resolve a bare name through it: a
+// capture with a document expression pins the path to pg_catalog, then
+// pg_temp, as the expression was checked under it; a keyed capture's
+// trigger (no document expression) names every type, function, operator
+// and collation with its schema, and runs under the writer's path, since
+// pinning it costs each call of the trigger about 12,000 instructions; the
+// record, write and reset functions it may call pin their own (migration
+// 13). Capture, Uncapture and their SQL (CaptureSQL)
 // serialise on an advisory transaction lock of the schema and prefix; a
 // repeated Capture finds the same version installed and changes nothing.
 //
