@@ -743,10 +743,15 @@ func (s *Store) captureDDL(c *capture) string {
 	// In exactly those cases record would insert the same row and do
 	// nothing else; calling it, with its own statements and expressions,
 	// cost about a tenth of the instructions the trigger adds to a
-	// single-row write. Any other case inserts nothing here and goes on to
-	// record, which takes the lock again (a lock the transaction holds does
-	// not block it), checks the snapshot in the other isolation levels,
-	// refuses a bad key, or reports the locked mode. The lock is taken in
+	// single-row write. Any other case inserts nothing here. In the locked
+	// mode, which a subquery reads in the same snapshot record's insert
+	// would, the trigger goes on to write the documents, as record would
+	// have answered it; otherwise it goes on to record, which takes the
+	// lock again (a lock the transaction holds does not block it), checks
+	// the snapshot in the other isolation levels and refuses a bad key. In
+	// READ COMMITTED the mode read is the one committed last, and it cannot
+	// change under the shared lock; in the other levels it is the one the
+	// transaction's snapshot saw, which record checks. The lock is taken in
 	// the CASE that ends the call when there are no keys, so it costs no
 	// statement of its own (it returns void, which is not NULL). Both CASEs
 	// keep a TRUNCATE, which has no keys (k is NULL), from the lock and
@@ -785,7 +790,9 @@ func (s *Store) captureDDL(c *capture) string {
     IF FOUND THEN
         RETURN NULL;
     END IF;
-    IF (CASE WHEN k IS NULL THEN false ELSE %[2]s(%[3]s, k, %[4]d) END) THEN
+    IF (CASE WHEN k IS NULL THEN false
+        WHEN NOT EXISTS (SELECT FROM %[7]s AS g WHERE g.feed OPERATOR(pg_catalog.=) %[3]s AND g.write_mode OPERATOR(pg_catalog.=) 'concurrent') THEN false
+        ELSE %[2]s(%[3]s, k, %[4]d) END) THEN
         RETURN NULL;
     END IF;
 `, keyC, s.names.table("record"), feedLit, s.writeKey(c.spec.Feed), noNewRows, s.names.table("changes"), s.names.table("generations"))
