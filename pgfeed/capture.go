@@ -744,14 +744,13 @@ func (s *Store) captureDDL(c *capture) string {
 	// nothing else; calling it, with its own statements and expressions,
 	// cost about a tenth of the instructions the trigger adds to a
 	// single-row write. Any other case inserts nothing here. In the locked
-	// mode, which a subquery reads in the same snapshot record's insert
-	// would, the trigger goes on to write the documents, as record would
-	// have answered it; otherwise it goes on to record, which takes the
-	// lock again (a lock the transaction holds does not block it), checks
-	// the snapshot in the other isolation levels and refuses a bad key. In
-	// READ COMMITTED the mode read is the one committed last, and it cannot
-	// change under the shared lock; in the other levels it is the one the
-	// transaction's snapshot saw, which record checks. The lock is taken in
+	// mode the trigger goes on to write the documents, record's answer
+	// there, without calling it: a subquery reads the mode as record's
+	// insert would, after the lock (under which no switch can commit) and,
+	// in the other isolation levels, in the transaction's snapshot.
+	// Otherwise it goes on to record, which takes the lock again (a lock
+	// the transaction holds does not block it), checks the snapshot in the
+	// other isolation levels and refuses a bad key. The lock is taken in
 	// the CASE that ends the call when there are no keys, so it costs no
 	// statement of its own (it returns void, which is not NULL). Both CASEs
 	// keep a TRUNCATE, which has no keys (k is NULL), from the lock and
