@@ -201,9 +201,19 @@ func Mirror(t *testing.T, ctx context.Context, sink feed.Sink, sc Scenario) Mirr
 		for range rounds / 5 {
 			round()
 		}
+		// Writes go on while the worker has not met the outage: a sink
+		// whose faults strike only a command in flight (a killed
+		// connection, which an idle client replaces unseen) may let a
+		// worker through the rounds above untouched, and an idle worker
+		// sends nothing to fail.
+		wrote := time.Now()
 		for st := state(); st.LastError == nil || st.LastErrorAt.Before(began); st = state() {
 			if ctx.Err() != nil {
 				t.Fatalf("the worker never met the sink's outage (state %+v)", st)
+			}
+			if time.Since(wrote) >= 100*time.Millisecond {
+				round()
+				wrote = time.Now()
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
