@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kairos-es/kairos/feed"
@@ -850,5 +851,62 @@ func TestConcurrentLockTxHoldsResetBack(t *testing.T) {
 	}
 	if err := <-reset; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSealRoundFailedOnConnection: a store given a single connection (not
+// a pool) runs its rounds as one batch that opens its own transaction. A
+// round that fails (here its feed lock times out behind another
+// transaction's lock of the feed's row) must leave that connection out of
+// the aborted transaction, or every statement after it, the next round's
+// included, fails until the connection is dropped.
+func TestSealRoundFailedOnConnection(t *testing.T) {
+	t.Parallel()
+	d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
+	ctx := t.Context()
+	const f = feed.FeedName("oneconn")
+	w := newStore(t, d, pgfeed.Options{})
+	concurrentFeed(t, w, f)
+	if err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		_, err := w.Write(ctx, tx, f, []feed.Change{feed.Put("k", []byte(`{"v": 1}`))})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, `SET lock_timeout = '100ms'`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pgfeed.New(ctx, conn, pgfeed.Options{Schema: d.schema, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+
+	holder, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT 1 FROM "`+d.schema+`".feed_generations WHERE feed = $1 FOR UPDATE`, string(f)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.SealRound(ctx, f)
+	_ = holder.Rollback(ctx)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("SealRound behind the feed's locked row: %v; want its lock to time out (55P03)", err)
+	}
+	if st := conn.PgConn().TxStatus(); st != 'I' {
+		t.Fatalf("after the failed round the connection's transaction status is %q; want idle", st)
+	}
+	if n, err := s.SealRound(ctx, f); err != nil || n != 1 {
+		t.Fatalf("the round after it: sealed %d, %v; want the one write sealed", n, err)
+	}
+	if docs := feedDocs(t, w, f); docs["k"] != `{"v": 1}` {
+		t.Fatalf("the feed holds %q", docs)
 	}
 }

@@ -346,8 +346,19 @@ func TestSetWriteModeWhateverTheSessionDefault(t *testing.T) {
 // given (default_transaction_isolation, as a role or a database can set
 // it).
 func defaultingTo(t *testing.T, level string) *pgxpool.Pool {
+	return noticing(t, level, nil)
+}
+
+// noticing is defaultingTo, with every notice the server sends its
+// sessions (a warning, say) kept in notices when it is not nil.
+func noticing(t *testing.T, level string, notices *recorder) *pgxpool.Pool {
 	return pgtest.PoolWith(t, pgtest.URL(), func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+		if notices != nil {
+			cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+				notices.add(n.Severity + ": " + n.Message)
+			}
+		}
 	})
 }
 
@@ -357,10 +368,13 @@ func defaultingTo(t *testing.T, level string) *pgxpool.Pool {
 // keys without a fault, as in READ COMMITTED, and so without the pause a
 // fault costs. Its rounds run in READ COMMITTED whatever the default: a
 // round that read its first statement's snapshot, taken before its lock,
-// failed with 40001 on a row a writer had rewritten since.
+// failed with 40001 on a row a writer had rewritten since. Nor does the
+// server warn or notify its sessions of anything, in any of the levels: a
+// round that set its level by SET TRANSACTION outside a transaction block
+// had PostgreSQL warn at every round, a line in its log each time.
 func TestSealerWhateverTheSessionDefault(t *testing.T) {
 	t.Parallel()
-	for _, level := range []string{"repeatable read", "serializable"} {
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
 			t.Parallel()
 			d := setup(t, pgtest.URL(), pgx.QueryExecModeCacheStatement)
@@ -368,8 +382,8 @@ func TestSealerWhateverTheSessionDefault(t *testing.T) {
 			const f = feed.FeedName("sealed")
 			w := newStore(t, d, pgfeed.Options{})
 			concurrentFeed(t, w, f)
-			warned := &recorder{}
-			sealer := newStore(t, db{pool: defaultingTo(t, level), schema: d.schema}, pgfeed.Options{Logger: slog.New(warned)})
+			warned, notices := &recorder{}, &recorder{}
+			sealer := newStore(t, db{pool: noticing(t, level, notices), schema: d.schema}, pgfeed.Options{Logger: slog.New(warned)})
 			sealCtx, stopSealing := context.WithCancel(ctx)
 			sealed := make(chan error, 1)
 			go func() { sealed <- sealer.RunSealer(sealCtx, f) }()
@@ -411,6 +425,9 @@ func TestSealerWhateverTheSessionDefault(t *testing.T) {
 			}
 			if got := warned.list(); len(got) > 0 {
 				t.Fatalf("the sealer warned %d times over %d commits, first: %s", len(got), commits.Load(), got[0])
+			}
+			if got := notices.list(); len(got) > 0 {
+				t.Fatalf("the server sent the sealer's sessions %d notices over %d commits, first: %s", len(got), commits.Load(), got[0])
 			}
 			if docs := feedDocs(t, w, f); len(docs) != 5 {
 				t.Fatalf("the feed holds %d keys; want the 5 written", len(docs))

@@ -126,6 +126,12 @@ func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r *recorder) WithGroup(string) slog.Handler      { return r }
 
+func (r *recorder) add(line string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, line)
+}
+
 func (r *recorder) list() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

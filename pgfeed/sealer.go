@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kairos-es/kairos/feed"
 	"github.com/kairos-es/kairos/internal/leaserow"
@@ -247,25 +248,24 @@ const takeRoundLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 // then the seal when pending says the feed has unsealed rows and
 // sealChanges when recorded says it has recorded changes (a probe's
 // answers: a source it leaves out waits for the next round), in one
-// transaction. It returns how many
-// writes it took: unsealed rows sealed, and recorded keys read (sealed or
-// found unchanged). Sent as one batch where db can (a pool, a
-// connection), that is one round trip and one commit: a batch outside a
-// transaction runs as one implicit transaction, which its first statement
-// puts in READ COMMITTED whatever the session's default, so that each
-// statement takes its own snapshot and the seals' are taken after the lock
-// was granted. (In REPEATABLE READ, a round read the snapshot of its
-// first statement, taken before the lock, and failed with 40001 when a
-// writer had rewritten an unsealed row since; the sealer then paused.)
+// transaction. It returns how many writes it took: unsealed rows sealed,
+// and recorded keys read (sealed or found unchanged). Sent as one batch
+// where db can (a pool, a connection), that is one round trip and one
+// commit: the batch opens its transaction itself, in READ COMMITTED
+// whatever the session's default, so that each statement takes its own
+// snapshot and the seals' are taken after the lock was granted. (In
+// REPEATABLE READ, a round read the snapshot of its first statement, taken
+// before the lock, and failed with 40001 when a writer had rewritten an
+// unsealed row since; the sealer then paused.) The BEGIN is explicit: a
+// SET TRANSACTION heading the batch's implicit transaction worked as well,
+// but PostgreSQL warned at every round that it belongs in a transaction
+// block, a line in the server's log and a notice to the client per round.
 func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorded bool) (int, error) {
 	if b, ok := s.db.(batcher); ok {
 		if _, inTx := s.db.(pgx.Tx); !inTx {
 			var n, keys, sealed, notified int64
 			batch := &pgx.Batch{}
-			// The batch's implicit transaction starts at the session's
-			// default isolation; its first statement sets READ COMMITTED,
-			// which a batch may, before any snapshot is taken.
-			batch.Queue(setReadCommitted)
+			batch.Queue(beginReadCommitted)
 			batch.Queue(takeRoundLock, s.roundKey(f))
 			batch.Queue(s.sql.sealLock, string(f))
 			if pending {
@@ -278,7 +278,9 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorde
 					return r.Scan(&keys, &sealed, &notified)
 				})
 			}
+			batch.Queue(`COMMIT`)
 			if err := b.SendBatch(ctx, batch).Close(); err != nil {
+				s.rollbackAborted(ctx)
 				return 0, err
 			}
 			return int(n + keys), nil
@@ -294,6 +296,33 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorde
 		return err
 	})
 	return int(n), err
+}
+
+// beginReadCommitted opens a sealing round's batch: its transaction, in
+// READ COMMITTED whatever the session's default.
+const beginReadCommitted = `BEGIN ISOLATION LEVEL READ COMMITTED`
+
+// rollbackAborted ends the transaction a failed round's batch left open
+// and aborted on the store's connection, when the store was given one (a
+// pgx.Conn, or a pool's connection it holds): its next statement would
+// fail otherwise. A pool destroys such a connection when the batch
+// releases it, so there is nothing to do then.
+func (s *Store) rollbackAborted(ctx context.Context) {
+	var pc *pgconn.PgConn
+	switch c := s.db.(type) {
+	case interface{ PgConn() *pgconn.PgConn }:
+		pc = c.PgConn()
+	case interface{ Conn() *pgx.Conn }:
+		pc = c.Conn().PgConn()
+	}
+	if pc == nil || pc.IsClosed() || pc.TxStatus() == 'I' {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := pc.Exec(rctx, `ROLLBACK`).Close(); err != nil {
+		s.logger.Warn("pgfeed: rolling back a failed sealing round", "err", err)
+	}
 }
 
 // sealIn is a round inside tx, each source of writes taken up to limit:
