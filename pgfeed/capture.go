@@ -1105,7 +1105,7 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 			if !recorded {
 				break
 			}
-			if _, err := s.sealIn(ctx, tx, f, int64(feed.MaxBatchLimit)); err != nil {
+			if _, _, err := s.sealIn(ctx, tx, f, int64(feed.MaxBatchLimit), 0); err != nil {
 				return feed.WriteFailed("sealing the changes feed "+string(f)+" recorded before its capture is removed", err)
 			}
 		}

@@ -395,6 +395,19 @@
 // key column's type, run Capture again before the next round: the
 // function casts key text back to the type it found.
 //
+// A round deletes the changes rows it took, and their index entries stay
+// until a VACUUM takes them, which a snapshot held open (a pg_dump's, a
+// long report's) prevents for as long as it is open. A running sealer
+// therefore reads the table from a floor of its own, an id below which no
+// row is left and none can come, and its probes and rounds step over none
+// of those entries: read from the first id, each stepped over all of them,
+// and their cost grew with every write since the last VACUUM. The floor
+// follows the rounds up once every transaction that was running at a
+// round has ended; a transaction that holds an xid open holds it back
+// until it ends (a read-only one does not). Every 10 s the sealer probes
+// once from the first id, and it starts there again after a restart or a
+// fault.
+//
 // # Partitioned tables
 //
 // A partitioned table is captured whole: the same statement triggers go on

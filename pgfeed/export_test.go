@@ -27,7 +27,7 @@ func SealRoundHeld(ctx context.Context, s *Store, f feed.FeedName, hold time.Dur
 	var n int64
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
-		if n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit)); err != nil {
+		if n, _, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit), 0); err != nil {
 			return err
 		}
 		time.Sleep(hold)
@@ -56,10 +56,18 @@ func SealRoundGated(ctx context.Context, s *Store, f feed.FeedName, locked chan<
 			return ctx.Err()
 		}
 		var err error
-		n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit))
+		n, _, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit), 0)
 		return err
 	})
 	return int(n), err
+}
+
+// SealerFloor is where the last floor move of a sealer of f under s put
+// its floor (changesFloor), 0 when none has moved.
+func SealerFloor(s *Store, f feed.FeedName) int64 {
+	v, _ := s.floors.Load(f)
+	n, _ := v.(int64)
+	return n
 }
 
 // WriteLockKey is the advisory key of f's write lock under s, for tests
@@ -74,3 +82,34 @@ func AfterReserve(s *Store, fn func(share int)) { s.afterReserve = fn }
 // OnBatch has fn told of each in-place backfill batch's statement that
 // ran: whether it inserted its rows plainly, and its error.
 func OnBatch(s *Store, fn func(plain bool, err error)) { s.onBatch = fn }
+
+// ProbeSQL is the sealer's probe: $1 the feed, $2 the floor.
+func ProbeSQL(s *Store) string { return s.sql.probe }
+
+// Floor is a sealer's floor (changesFloor), for tests that run a sealer's
+// rounds one at a time.
+type Floor struct{ c changesFloor }
+
+// At is where the floor stands.
+func (fl *Floor) At() int64 { return fl.c.at }
+
+// SealRoundFrom probes f and runs one round from the floor fl, as
+// RunSealer does, and has fl learn from the round.
+func SealRoundFrom(ctx context.Context, s *Store, f feed.FeedName, fl *Floor) (int, error) {
+	var mode string
+	var pending, recorded bool
+	if err := s.db.QueryRow(ctx, s.sql.probe, string(f), fl.c.at).Scan(&mode, &pending, &recorded); err != nil {
+		return 0, err
+	}
+	if !pending && !recorded {
+		return 0, nil
+	}
+	n, news, err := s.sealRound(ctx, f, pending, recorded, fl.c.at)
+	if err == nil {
+		fl.c.learn(news)
+	}
+	return n, err
+}
+
+// FloorRescan is how often a sealer probes from 0 rather than its floor.
+const FloorRescan = floorRescan

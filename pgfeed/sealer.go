@@ -152,7 +152,7 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 			// hold the write lock to their end), so no row lock is left to
 			// skip.
 			for {
-				n, err := s.sealIn(ctx, tx, f, int64(feed.MaxBatchLimit))
+				n, _, err := s.sealIn(ctx, tx, f, int64(feed.MaxBatchLimit), 0)
 				if err != nil {
 					return err
 				}
@@ -162,7 +162,7 @@ func (s *Store) SetWriteMode(ctx context.Context, f feed.FeedName, mode feed.Wri
 			}
 			var m string
 			var left, recorded bool
-			if err := tx.QueryRow(ctx, s.sql.probe, string(f)).Scan(&m, &left, &recorded); err != nil {
+			if err := tx.QueryRow(ctx, s.sql.probe, string(f), int64(0)).Scan(&m, &left, &recorded); err != nil {
 				return err
 			}
 			switch {
@@ -225,10 +225,10 @@ func (s *Store) SealRound(ctx context.Context, f feed.FeedName) (int, error) {
 		mode              string
 		pending, recorded bool
 	)
-	if err := s.db.QueryRow(ctx, s.sql.probe, string(f)).Scan(&mode, &pending, &recorded); err != nil {
+	if err := s.db.QueryRow(ctx, s.sql.probe, string(f), int64(0)).Scan(&mode, &pending, &recorded); err != nil {
 		return 0, feed.WriteFailed("sealing feed "+string(f), err)
 	}
-	n, err := s.sealRound(ctx, f, pending, recorded)
+	n, _, err := s.sealRound(ctx, f, pending, recorded, 0)
 	if err != nil {
 		return 0, feed.WriteFailed("sealing feed "+string(f), err)
 	}
@@ -260,10 +260,11 @@ const takeRoundLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 // SET TRANSACTION heading the batch's implicit transaction worked as well,
 // but PostgreSQL warned at every round that it belongs in a transaction
 // block, a line in the server's log and a notice to the client per round.
-func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorded bool) (int, error) {
+func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorded bool, floor int64) (int, changeNews, error) {
 	if b, ok := s.db.(batcher); ok {
 		if _, inTx := s.db.(pgx.Tx); !inTx {
 			var n, keys, sealed, notified int64
+			var news changeNews
 			batch := &pgx.Batch{}
 			batch.Queue(beginReadCommitted)
 			batch.Queue(takeRoundLock, s.roundKey(f))
@@ -274,28 +275,33 @@ func (s *Store) sealRound(ctx context.Context, f feed.FeedName, pending, recorde
 				})
 			}
 			if recorded {
-				batch.Queue(s.changeSeal(f), string(f), int64(s.sealer.Limit), s.names.channel).QueryRow(func(r pgx.Row) error {
-					return r.Scan(&keys, &sealed, &notified)
+				batch.Queue(s.changeSeal(f), string(f), int64(s.sealer.Limit), s.names.channel, floor).QueryRow(func(r pgx.Row) error {
+					news.ran = true
+					return r.Scan(&keys, &sealed, &notified, &news.taken, &news.left, &news.xmin, &news.xmax)
 				})
 			}
 			batch.Queue(`COMMIT`)
 			if err := b.SendBatch(ctx, batch).Close(); err != nil {
 				s.rollbackAborted(ctx)
-				return 0, err
+				return 0, changeNews{}, err
 			}
-			return int(n + keys), nil
+			return int(n + keys), news, nil
 		}
 	}
 	var n int64
+	var news changeNews
 	err := s.readCommitted(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, takeRoundLock, s.roundKey(f)); err != nil {
 			return err
 		}
 		var err error
-		n, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit))
+		n, news, err = s.sealIn(ctx, tx, f, int64(s.sealer.Limit), floor)
 		return err
 	})
-	return int(n), err
+	if err != nil {
+		return 0, changeNews{}, err
+	}
+	return int(n), news, nil
 }
 
 // beginReadCommitted opens a sealing round's batch: its transaction, in
@@ -326,23 +332,26 @@ func (s *Store) rollbackAborted(ctx context.Context) {
 }
 
 // sealIn is a round inside tx, each source of writes taken up to limit:
-// the feed lock, the seal, and sealChanges when the feed has recorded
-// changes (asked after the lock). It returns how many writes it took, as
-// sealRound does.
-func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName, limit int64) (int64, error) {
+// the feed lock, the seal, and sealChanges from floor up when the feed has
+// recorded changes there (asked after the lock). It returns how many
+// writes it took, as sealRound does, and what sealChanges reports for the
+// floor.
+func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName, limit, floor int64) (int64, changeNews, error) {
 	var n, keys, sealed, notified int64
+	var news changeNews
 	if _, err := tx.Exec(ctx, s.sql.sealLock, string(f)); err != nil {
-		return 0, err
+		return 0, news, err
 	}
 	if err := tx.QueryRow(ctx, s.sql.seal, string(f), limit, s.names.channel).Scan(&n, &notified); err != nil {
-		return 0, err
+		return 0, news, err
 	}
 	var recorded bool
 	if err := tx.QueryRow(ctx, s.sql.recorded, string(f)).Scan(&recorded); err != nil || !recorded {
-		return n, err
+		return n, news, err
 	}
-	err := tx.QueryRow(ctx, s.changeSeal(f), string(f), limit, s.names.channel).Scan(&keys, &sealed, &notified)
-	return n + keys, err
+	news.ran = true
+	err := tx.QueryRow(ctx, s.changeSeal(f), string(f), limit, s.names.channel, floor).Scan(&keys, &sealed, &notified, &news.taken, &news.left, &news.xmin, &news.xmax)
+	return n + keys, news, err
 }
 
 // changeSeal is f's sealChanges statement, built once per feed.
@@ -353,6 +362,94 @@ func (s *Store) changeSeal(f feed.FeedName) string {
 	q := s.names.sealChanges(s.names.captureDocsName(f))
 	s.changeSeals.Store(f, q)
 	return q
+}
+
+// changeNews is what a round that read recorded changes (sealChanges)
+// tells its sealer's floor: the highest id it took and the lowest visible
+// id above that it left (nil when none), and its snapshot's xmin and xmax.
+type changeNews struct {
+	ran         bool
+	taken, left *int64
+	xmin, xmax  int64
+}
+
+// floorRescan is how long a sealer reads a feed's recorded changes from
+// its floor before it probes once more from 0 (changesFloor).
+const floorRescan = 10 * time.Second
+
+// changesFloor is a sealer's lower bound on the ids of its feed's rows in
+// the changes table: no row below it is left, and none can come. Its probes
+// and rounds read the table from the floor up. A round deletes the rows it
+// seals, and their entries stay in the table's index, dead, until a VACUUM
+// (every autovacuum cycle, or never while a long transaction holds the
+// horizon back); read from 0, each probe and each round stepped over all
+// of them, so their cost grew with every write since the last VACUUM
+// (11,000 buffers a probe after 11,000 writes under an old snapshot, where
+// one from the floor reads about 40).
+//
+// Why a floor can be known. The ids come from an identity column (CACHE 1,
+// its default), so they are handed out in increasing order. A row is
+// inserted only by a capture's trigger or record, after the statement it
+// fires for wrote the table's rows, so its transaction has its xid before
+// it takes its id. Let a round read the changes with a snapshot S, and take
+// every visible row up to id m (it read from the floor up, in id order).
+// Every id up to m was handed out before m's row committed, which was
+// before S, so by a transaction whose xid is below S's xmax. Once a later
+// round's snapshot has its xmin at or above that xmax, each of those
+// transactions has ended, and each row up to m that committed is visible
+// to it; when that round also took every visible row up to m (the lowest
+// it left is above m), none is left once it commits, and no id up to m is
+// handed out again. The floor then moves to m + 1, and that round's own
+// highest id becomes the next candidate.
+//
+// A transaction open since before a candidate's round (with an xid) holds
+// the floor where it is, as it holds VACUUM back; one without an xid (a
+// read-only report, pg_dump) holds back VACUUM but not the floor. The
+// floor is the sealer's own: it starts at 0 when the sealer starts, takes
+// the lease, or meets a fault, and every floorRescan the sealer probes
+// once from 0 (and runs one round from there), so rows below the floor
+// that came some other way (the table emptied with RESTART IDENTITY, the
+// schema dropped and migrated again under a running sealer) are sealed
+// within that time.
+type changesFloor struct {
+	at         int64 // no row below it is left, and none can come
+	next, xmax int64 // the candidate: a round's highest id taken, and its snapshot's xmax
+	candidate  bool
+	rescanned  time.Time // when the sealer last probed from 0
+}
+
+// learn takes a committed round's news and reports whether the floor
+// moved.
+func (c *changesFloor) learn(r changeNews) bool {
+	if !r.ran {
+		return false
+	}
+	moved := false
+	if c.candidate && r.xmin >= c.xmax && (r.left == nil || *r.left > c.next) {
+		if c.next+1 > c.at {
+			c.at, moved = c.next+1, true
+		}
+		c.candidate = false
+	}
+	if !c.candidate && r.taken != nil && *r.taken >= c.at {
+		c.next, c.xmax, c.candidate = *r.taken, r.xmax, true
+	}
+	return moved
+}
+
+// restart puts the floor back to 0, as of now.
+func (c *changesFloor) restart(now time.Time) {
+	*c = changesFloor{rescanned: now}
+}
+
+// from is where the cycle of probe and rounds that starts now reads from:
+// the floor, or 0 once every floorRescan.
+func (c *changesFloor) from(now time.Time) int64 {
+	if now.Sub(c.rescanned) >= floorRescan {
+		c.rescanned = now
+		return 0
+	}
+	return c.at
 }
 
 // RunSealer seals f's unsealed rows until ctx ends, while f is in the
@@ -397,6 +494,7 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 	}()
 	wait := o.MinPoll
 	var lastSealed time.Time
+	var floor changesFloor
 	pause := func(d time.Duration) bool {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -412,6 +510,7 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 			return false
 		}
 		s.logger.Warn("pgfeed: sealer fault", "feed", string(f), "op", what, "err", err)
+		floor.restart(time.Now())
 		return pause(s.lease.Heartbeat)
 	}
 	for ctx.Err() == nil {
@@ -419,7 +518,8 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 			mode              string
 			pending, recorded bool
 		)
-		if err := s.db.QueryRow(ctx, s.sql.probe, string(f)).Scan(&mode, &pending, &recorded); err != nil {
+		from := floor.from(time.Now())
+		if err := s.db.QueryRow(ctx, s.sql.probe, string(f), from).Scan(&mode, &pending, &recorded); err != nil {
 			if !fault("probe", err) {
 				return nil
 			}
@@ -454,15 +554,20 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 				continue
 			}
 			lease = l
+			floor.restart(time.Now())
 		}
 		sealed, held := 0, false
 		if pending || recorded {
 			for ctx.Err() == nil {
-				n, err := s.sealRound(ctx, f, pending, recorded)
+				n, news, err := s.sealRound(ctx, f, pending, recorded, from)
 				if err != nil {
 					fault("round", err)
 					break
 				}
+				if floor.learn(news) {
+					s.floors.Store(f, floor.at)
+				}
+				from = floor.at // a rescan is one round from 0
 				sealed += n
 				if n < o.Limit {
 					held = n == 0

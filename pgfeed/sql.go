@@ -80,9 +80,10 @@ type statements struct {
 	// locked write stamps its own), the head moves past them, and, when any
 	// moved, one notify. It returns how many it sealed.
 	seal string
-	// probe reads the feed's mode and whether any write is unsealed, from
-	// the unsealed table's primary key: an index-only read with no
-	// transaction id.
+	// probe reads the feed's mode, whether any write is unsealed, from the
+	// unsealed table's primary key, and whether any change is recorded at
+	// or above $2, a sealer's floor (changesFloor; 0 reads them all), from
+	// the changes table's: index-only reads with no transaction id.
 	probe string
 	// recorded says whether the feed has recorded changes (a keyed
 	// capture's, sealChanges), in a round after its lock.
@@ -325,8 +326,12 @@ SELECT generation` + into + ` FROM m`
 // them and notifies once, as seal does. Rounds serialise on the feed
 // lock and each reads a later snapshot than the round before, so a key's
 // sealed documents follow the table's own history, and each round's seqs
-// lie above every earlier round's. It returns the keys it took and the
-// rows it sealed. Each key's feed row is probed by its primary key (the
+// lie above every earlier round's. It reads only rows at or above $4, a
+// sealer's floor (changesFloor; 0 reads them all). It returns the keys it
+// took and the rows it sealed, then what the floor learns from it: the
+// highest id it took, the lowest visible id above that it left (each NULL
+// when there is none), and its snapshot's xmin and xmax (64-bit, so never
+// wrapping). Each key's feed row is probed by its primary key (the
 // OFFSET keeps the planner from joining the whole feed instead, which it
 // did on a feed whose statistics said it was small: a round of 1000 keys
 // hashed all 33,000 rows of the feed, three quarters of its time).
@@ -335,7 +340,7 @@ func (n names) sealChanges(docs string) string {
 	return `WITH t AS MATERIALIZED (
 	SELECT c.id FROM (
 		SELECT l.id, l.n, sum(l.n) OVER (ORDER BY l.id) AS run
-		FROM (SELECT id, n FROM ` + ch + ` WHERE feed = $1::text ORDER BY id LIMIT $2::bigint) AS l
+		FROM (SELECT id, n FROM ` + ch + ` WHERE feed = $1::text AND id >= $4::bigint ORDER BY id LIMIT $2::bigint) AS l
 	) AS c WHERE c.run - c.n < $2::bigint
 ), x AS (
 	DELETE FROM ` + ch + ` AS c WHERE c.feed = $1::text AND c.id = ANY (ARRAY(SELECT id FROM t))
@@ -350,7 +355,10 @@ func (n names) sealChanges(docs string) string {
 	WHERE CASE WHEN r.found IS NULL THEN e.doc IS NOT NULL
 		ELSE r.doc IS DISTINCT FROM e.doc OR r.doc::text IS DISTINCT FROM e.doc::text END
 ` + n.sealAt("w") + `
-SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM s), (SELECT count(*) FROM n)`
+SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM s), (SELECT count(*) FROM n),
+	(SELECT max(id) FROM t),
+	(SELECT min(l.id) FROM ` + ch + ` AS l WHERE l.feed = $1::text AND l.id > coalesce((SELECT max(id) FROM t), $4::bigint - 1)),
+	pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint`
 }
 
 // sealAt is the end of a round's seal: the CTEs that move the head past
@@ -460,7 +468,7 @@ func (n names) statements() statements {
 ` + n.sealAt("o") + `
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM n)`,
 		probe: `SELECT coalesce((SELECT write_mode FROM ` + g + ` WHERE feed = $1::text), 'locked'),
-	EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text), EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text)`,
+	EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text), EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text AND id >= $2::bigint)`,
 		recorded: `SELECT EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text)`,
 		takeSealer: `INSERT INTO ` + sl + ` AS s (feed, lease_holder, lease_expires_at)
 VALUES ($1::text, $2::text, ` + nowAt(3) + ` + $4::bigint * interval '1 microsecond')

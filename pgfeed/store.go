@@ -54,6 +54,9 @@ type Store struct {
 	// changeSeals caches each feed's sealChanges statement (feed.FeedName →
 	// string), which names the feed's capture document function.
 	changeSeals sync.Map
+	// floors holds the floor (changesFloor) each sealer of this store
+	// last moved to, feed.FeedName → int64, for tests to watch.
+	floors sync.Map
 	// afterReserve, when a test sets it, runs after each reservation of an
 	// in-place backfill's batch, before the batch reads, with the batch's
 	// share (see inPlaceRun.parallel).
