@@ -1099,7 +1099,7 @@ WHERE tgfoid = to_regprocedure($1::text) AND NOT tgisinternal`, fn+"()")
 		}
 		for {
 			var recorded bool
-			if err := tx.QueryRow(ctx, s.sql.recorded, string(f)).Scan(&recorded); err != nil {
+			if err := tx.QueryRow(ctx, s.sql.recorded, string(f), int64(0)).Scan(&recorded); err != nil {
 				return feed.WriteFailed("removing the capture of feed "+string(f), err)
 			}
 			if !recorded {

@@ -93,8 +93,8 @@ type Floor struct{ c changesFloor }
 // At is where the floor stands.
 func (fl *Floor) At() int64 { return fl.c.at }
 
-// SealRoundFrom probes f and runs one round from the floor fl, as
-// RunSealer does, and has fl learn from the round.
+// SealRoundFrom probes f and runs one round from the floor fl through
+// RunSealer's floorRound.
 func SealRoundFrom(ctx context.Context, s *Store, f feed.FeedName, fl *Floor) (int, error) {
 	var mode string
 	var pending, recorded bool
@@ -104,11 +104,7 @@ func SealRoundFrom(ctx context.Context, s *Store, f feed.FeedName, fl *Floor) (i
 	if !pending && !recorded {
 		return 0, nil
 	}
-	n, news, err := s.sealRound(ctx, f, pending, recorded, fl.c.at)
-	if err == nil {
-		fl.c.learn(news)
-	}
-	return n, err
+	return s.floorRound(ctx, f, &fl.c, pending, recorded, fl.c.at)
 }
 
 // FloorRescan is how often a sealer probes from 0 rather than its floor.

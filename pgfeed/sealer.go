@@ -346,7 +346,7 @@ func (s *Store) sealIn(ctx context.Context, tx pgx.Tx, f feed.FeedName, limit, f
 		return 0, news, err
 	}
 	var recorded bool
-	if err := tx.QueryRow(ctx, s.sql.recorded, string(f)).Scan(&recorded); err != nil || !recorded {
+	if err := tx.QueryRow(ctx, s.sql.recorded, string(f), floor).Scan(&recorded); err != nil || !recorded {
 		return n, news, err
 	}
 	news.ran = true
@@ -426,10 +426,8 @@ func (c *changesFloor) learn(r changeNews) bool {
 	}
 	moved := false
 	if c.candidate && r.xmin >= c.xmax && (r.left == nil || *r.left > c.next) {
-		if c.next+1 > c.at {
-			c.at, moved = c.next+1, true
-		}
-		c.candidate = false
+		// A candidate's next is never below the floor it was taken at.
+		c.at, c.candidate, moved = c.next+1, false, true
 	}
 	if !c.candidate && r.taken != nil && *r.taken >= c.at {
 		c.next, c.xmax, c.candidate = *r.taken, r.xmax, true
@@ -450,6 +448,19 @@ func (c *changesFloor) from(now time.Time) int64 {
 		return 0
 	}
 	return c.at
+}
+
+// floorRound is a round of f read from from, whose news floor learns
+// (and the store records where floor moved, for tests).
+func (s *Store) floorRound(ctx context.Context, f feed.FeedName, floor *changesFloor, pending, recorded bool, from int64) (int, error) {
+	n, news, err := s.sealRound(ctx, f, pending, recorded, from)
+	if err != nil {
+		return 0, err
+	}
+	if floor.learn(news) {
+		s.floors.Store(f, floor.at)
+	}
+	return n, nil
 }
 
 // RunSealer seals f's unsealed rows until ctx ends, while f is in the
@@ -559,13 +570,10 @@ func (s *Store) RunSealer(ctx context.Context, f feed.FeedName) error {
 		sealed, held := 0, false
 		if pending || recorded {
 			for ctx.Err() == nil {
-				n, news, err := s.sealRound(ctx, f, pending, recorded, from)
+				n, err := s.floorRound(ctx, f, &floor, pending, recorded, from)
 				if err != nil {
 					fault("round", err)
 					break
-				}
-				if floor.learn(news) {
-					s.floors.Store(f, floor.at)
 				}
 				from = floor.at // a rescan is one round from 0
 				sealed += n

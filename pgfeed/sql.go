@@ -86,7 +86,8 @@ type statements struct {
 	// the changes table's: index-only reads with no transaction id.
 	probe string
 	// recorded says whether the feed has recorded changes (a keyed
-	// capture's, sealChanges), in a round after its lock.
+	// capture's, sealChanges) at or above $2, a floor as probe's, in a
+	// round after its lock.
 	recorded string
 	// takeSealer, renewSealer, clearSealer are the sealer's lease row,
 	// as takeRow, renewRow and clearHolder are a sink's.
@@ -469,7 +470,7 @@ func (n names) statements() statements {
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM n)`,
 		probe: `SELECT coalesce((SELECT write_mode FROM ` + g + ` WHERE feed = $1::text), 'locked'),
 	EXISTS (SELECT 1 FROM ` + u + ` WHERE feed = $1::text), EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text AND id >= $2::bigint)`,
-		recorded: `SELECT EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text)`,
+		recorded: `SELECT EXISTS (SELECT 1 FROM ` + ch + ` WHERE feed = $1::text AND id >= $2::bigint)`,
 		takeSealer: `INSERT INTO ` + sl + ` AS s (feed, lease_holder, lease_expires_at)
 VALUES ($1::text, $2::text, ` + nowAt(3) + ` + $4::bigint * interval '1 microsecond')
 ON CONFLICT (feed) DO UPDATE SET lease_holder = excluded.lease_holder, lease_expires_at = excluded.lease_expires_at
