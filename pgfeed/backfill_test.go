@@ -506,15 +506,25 @@ func backfillResumes(t *testing.T, workers int) {
 		defer cancel()
 		var n int
 		var release func(bool)
+		held := make(chan struct{}) // closed once release is set
 		done := make(chan error, 1)
 		go func() {
 			_, err := e.s.Backfill(rctx, pgfeed.BackfillOptions{Feed: "t", BatchSize: 100, Workers: workers, Progress: func(pgfeed.BackfillProgress) {
 				if n++; n == 3 {
 					release = e.holdFeedLock(t, 1, "rolled back")
+					close(held)
 				}
 			}})
 			done <- err
 		}()
+		// Only then look for the backend that waits: with two workers, one
+		// may wait on the other's lock before the third batch, and stopping
+		// that one left the writer never started (release nil).
+		select {
+		case <-held:
+		case err := <-done:
+			t.Fatalf("the backfill ended before its third batch: %v", err)
+		}
 		pid := e.waitBlocked(t)
 		stop(pid, cancel)
 		err := <-done
